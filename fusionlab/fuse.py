@@ -1,0 +1,242 @@
+"""`fl.fuse(master, [fl.Slave(...)])` -> FusedModel: logits, generate, describe, close.
+
+gpt-fast style: the model owns its loop (`prefill`, `decode_one_token`), so positions are always explicit.
+timing='prefix': slaves read the prompt once, decoding attends to the fused prompt cache.
+timing='live': slaves also read every generated token (needs identical tokenizers).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import torch
+from transformers import DynamicCache
+
+from . import attention as att
+from .arch import attn_module
+from .errors import FusionLabError
+from .lm import LM
+from .sampling import SamplingConfig, next_token
+from .slots import ResolvedSlave, Slave
+
+TIMINGS = ("prefix", "live")
+
+
+@dataclass
+class Sequence:
+    """Per-sequence state: the master's cache, each slave's cache (live), the slots."""
+
+    master_cache: Any
+    slave_caches: list[Any]
+    length: int
+
+
+class FusedModel:
+    def __init__(self, master: LM, slaves: list[Slave], timing: str = "prefix", strict: bool = False):
+        if not isinstance(master, LM):
+            raise FusionLabError(f"fuse() expects an fl.LM as master, got {type(master).__name__}.")
+        if timing not in TIMINGS:
+            raise FusionLabError(f"unknown timing {timing!r}; use one of {TIMINGS}.")
+        self.master, self.timing = master, timing
+        self.slaves: list[ResolvedSlave] = [s.resolve(master) for s in slaves]
+        if strict:
+            from .alignment import check_alignment
+
+            for s in self.slaves:
+                check_alignment(master, s.lm).raise_if_incompatible()
+        if timing == "live" and not all(s.same_tokenizer for s in self.slaves):
+            raise FusionLabError("timing='live' needs slaves with the master's tokenizer (generated tokens are "
+                                 "fed to them as ids); use timing='prefix' for cross-tokenizer slaves.")
+        self._base = master.model.config._attn_implementation
+        if self._base.startswith("fusionlab_"):
+            raise FusionLabError(f"{master.name} is already fused; close() the other FusedModel first.")
+        self._runtimes = {i: att.LayerRuntime(i, self._base) for i in range(master.spec.layers)}
+        for i, rt in self._runtimes.items():
+            att.register(attn_module(master.model, i), rt)
+        master.model.set_attn_implementation(att.install_interface(self._base))
+        self._open = True
+        self.last_text: str | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Remove everything fuse() installed; the master is as it was (bit-identical logits)."""
+        if not self._open:
+            return
+        for i in self._runtimes:
+            att.unregister(attn_module(self.master.model, i))
+        self.master.model.set_attn_implementation(self._base)
+        self._open = False
+
+    def __enter__(self) -> "FusedModel":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if not self._open:
+            raise FusionLabError("this FusedModel is closed; call fl.fuse(...) again.")
+
+    # --- inputs -----------------------------------------------------------------------------------------
+    def encode(self, prompt: str | torch.Tensor, chat: bool = False) -> tuple[torch.Tensor, str | None]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise FusionLabError("the prompt is empty; pass some text.")
+            text = self.master.chat_prompt(prompt) if chat else prompt
+            return self.master.encode(text), text
+        ids = torch.as_tensor(prompt)
+        ids = ids.view(1, -1) if ids.dim() == 1 else ids
+        if ids.shape[0] != 1:
+            raise FusionLabError(f"FusedModel runs batch size 1; got input_ids of shape {tuple(ids.shape)}.")
+        if ids.shape[1] == 0:
+            raise FusionLabError("the prompt is empty (0 tokens).")
+        return ids.to(self.master.device), None
+
+    def _check_length(self, n: int) -> None:
+        if n > self.master.spec.max_positions:
+            raise FusionLabError(f"sequence of {n} tokens exceeds master {self.master.name}'s max positions "
+                                 f"{self.master.spec.max_positions}; shorten the prompt or max_new_tokens.")
+        for s in self.slaves:
+            if s.same_tokenizer and n > s.lm.spec.max_positions:
+                raise FusionLabError(f"sequence of {n} tokens exceeds slave {s.lm.name}'s max positions "
+                                     f"{s.lm.spec.max_positions}.")
+
+    # --- slots ------------------------------------------------------------------------------------------
+    def _new_sequence(self, ids: torch.Tensor, text: str | None, prompt_len: int, capacity: int) -> Sequence:
+        """Run every slave on the prompt and place its slots once, pre-allocated for `capacity` tokens."""
+        for rt in self._runtimes.values():
+            rt.injections = []
+        slave_caches = []
+        for si, s in enumerate(self.slaves):
+            s_ids, al = s.slave_inputs(self.master, ids[:, :prompt_len], text)
+            cache = DynamicCache(config=s.lm.model.config) if self.timing == "live" else None
+            cap = s.capture(s_ids, cache=cache)
+            master_pos = al.master_index.to(self.master.device)  # (S,)
+            extra = capacity - prompt_len if self.timing == "live" else 0
+            for i in s.layer_map.pairs:
+                k, v = s.to_master(self.master, cap, al, i, master_pos)
+                inj = _allocate(si, s, i, k, master_pos.numel() + extra, capacity, self.master.device)
+                inj.append(k, v, master_pos)
+                self._runtimes[i].injections.append(inj)
+            slave_caches.append(cache)
+        cache = DynamicCache(config=self.master.model.config)
+        return Sequence(cache, slave_caches, 0)
+
+    def _live_step(self, seq: Sequence, token: torch.Tensor, pos: int) -> None:
+        """Live timing: each slave reads the new token; its slot at `pos` exists before the master reads it."""
+        p = torch.tensor([pos], device=self.master.device)
+        for si, s in enumerate(self.slaves):
+            cap = s.capture(token.to(s.lm.device), cache=seq.slave_caches[si], positions=p.to(s.lm.device))
+            al_pos = p
+            from .align import identity_alignment
+
+            al = identity_alignment(1, p.device)
+            for i in s.layer_map.pairs:
+                k, v = s.to_master(self.master, cap, al, i, al_pos)
+                inj = next(x for x in self._runtimes[i].injections if x.slave == si)
+                inj.append(k, v, al_pos)
+
+    # --- forward ----------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def _forward(self, seq: Sequence, ids: torch.Tensor, logits_to_keep: int = 0) -> torch.Tensor:
+        start = seq.length
+        pos = torch.arange(start, start + ids.shape[1], device=self.master.device).view(1, -1)
+        out = self.master.model(input_ids=ids, position_ids=pos, cache=seq.master_cache, use_cache=True,
+                                logits_to_keep=logits_to_keep)
+        seq.length += ids.shape[1]
+        return out.logits
+
+    @torch.inference_mode()
+    def __call__(self, prompt: str | torch.Tensor, prompt_len: int | None = None) -> torch.Tensor:
+        """Logits (1, T, V) of the whole input. Slaves read the first `prompt_len` tokens (default all)."""
+        self._check_open()
+        ids, text = self.encode(prompt)
+        self._check_length(ids.shape[1])
+        prompt_len = ids.shape[1] if prompt_len is None else prompt_len
+        seq = self._new_sequence(ids, text, prompt_len, ids.shape[1])
+        if self.timing == "live" and prompt_len < ids.shape[1]:
+            logits = [self._forward(seq, ids[:, :prompt_len])]
+            for t in range(prompt_len, ids.shape[1]):
+                self._live_step(seq, ids[:, t:t + 1], t)
+                logits.append(self._forward(seq, ids[:, t:t + 1]))
+            return torch.cat(logits, dim=1)
+        return self._forward(seq, ids)
+
+    @torch.inference_mode()
+    def generate(self, prompt: str | torch.Tensor, max_new_tokens: int = 32, do_sample: bool = False,
+                 temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None,
+                 eos_token_id: int | list[int] | None = None, chat: bool = False) -> str | torch.Tensor:
+        """Like HF generate (greedy or sampling). A string in -> the new text out; ids in -> all ids out."""
+        self._check_open()
+        ids, text = self.encode(prompt, chat=chat)
+        self._check_length(ids.shape[1] + max_new_tokens)
+        cfg = SamplingConfig(do_sample, temperature, top_p, seed)
+        eos = _eos_ids(self.master, eos_token_id)
+        seq = self._new_sequence(ids, text, ids.shape[1], ids.shape[1] + max_new_tokens)
+        logits = self._forward(seq, ids, logits_to_keep=1)
+        new: list[int] = []
+        for _ in range(max_new_tokens):
+            tok = next_token(logits[:, -1], cfg)  # (1, 1)
+            new.append(int(tok))
+            if int(tok) in eos or len(new) == max_new_tokens:
+                break
+            if self.timing == "live":
+                self._live_step(seq, tok, seq.length)
+            logits = self._forward(seq, tok, logits_to_keep=1)
+        out_ids = torch.tensor([new], device=ids.device, dtype=ids.dtype)
+        if isinstance(prompt, str):
+            self.last_text = self.master.tokenizer.decode(new, skip_special_tokens=True)
+            return self.last_text
+        return torch.cat([ids, out_ids], dim=1)
+
+    # --- introspection ------------------------------------------------------------------------------------
+    def extra_kv_bytes(self, prompt_tokens: int) -> dict[str, int]:
+        """Bytes of injected K/V per slave for a prompt of `prompt_tokens` master tokens (one slot each)."""
+        spec, el = self.master.spec, torch.finfo(self.master.dtype).bits // 8
+        return {s.lm.name: 2 * prompt_tokens * spec.kv_heads * spec.head_dim * el * len(s.layer_map)
+                for s in self.slaves}
+
+    def describe(self, prompt_tokens: int = 2048) -> pd.DataFrame:
+        rows = []
+        for s in self.slaves:
+            rows.append({"slave": s.lm.name, "mode": s.slave.mode, "timing": self.timing, "rope": s.slave.rope,
+                         "layer_map": f"{s.layer_map.strategy} ({len(s.layer_map)} layers)",
+                         "pairs": s.layer_map.pairs, "projector": s.projector.describe(),
+                         "gates": sorted(set(s.gates.values())), "tokens": "shared" if s.same_tokenizer
+                         else f"aligned ({s.slave.align})",
+                         f"extra_kv_bytes@{prompt_tokens}": self.extra_kv_bytes(prompt_tokens)[s.lm.name]})
+        df = pd.DataFrame(rows)
+        df.attrs["master"] = repr(self.master)
+        return df
+
+    def __repr__(self) -> str:
+        names = ", ".join(s.lm.name for s in self.slaves) or "no slaves"
+        return f"FusedModel(master={self.master.name}, slaves=[{names}], timing={self.timing})"
+
+
+def _allocate(si: int, s: ResolvedSlave, layer: int, like: torch.Tensor, slots: int, max_pos: int,
+              device: torch.device) -> att.Injection:
+    _, h, _, d = like.shape
+    return att.Injection(
+        slave=si, mode=s.slave.mode, gate=s.gates[layer],
+        k=torch.empty(1, h, slots, d, dtype=like.dtype, device=device),
+        v=torch.empty(1, h, slots, d, dtype=like.dtype, device=device),
+        pos=torch.empty(slots, dtype=torch.long, device=device),
+        lookup=torch.full((max_pos,), att.NO_SLOT, dtype=torch.long, device=device),
+        window_slots=s.slave.window_slots)
+
+
+def _eos_ids(master: LM, eos: int | list[int] | None) -> set[int]:
+    if eos is None:
+        eos = master.model.generation_config.eos_token_id
+        if eos is None:
+            eos = master.tokenizer.eos_token_id
+    if eos is None:
+        return set()
+    return {eos} if isinstance(eos, int) else set(eos)
+
+
+def fuse(master: LM, slaves: list[Slave] | None = None, timing: str = "prefix", strict: bool = False) -> FusedModel:
+    """Install the slaves' injection into the master; returns a FusedModel (use as a context manager)."""
+    return FusedModel(master, list(slaves or []), timing=timing, strict=strict)
