@@ -9,3 +9,4 @@ from .layermap import LayerMap
 from .projector import HeadsProjector, IdentityProjector, LstsqProjector
 from .slots import Slave
 from .fuse import FusedModel, fuse
+from .fit import fit_lstsq

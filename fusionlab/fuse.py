@@ -6,8 +6,9 @@ timing='live': slaves also read every generated token (needs identical tokenizer
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import pandas as pd
 import torch
@@ -191,6 +192,21 @@ class FusedModel:
         return torch.cat([ids, out_ids], dim=1)
 
     # --- introspection ------------------------------------------------------------------------------------
+    @contextmanager
+    def recording(self, recorder: Any, layers: list[int] | None = None) -> Iterator[None]:
+        """Call `recorder(layer, probs (B, H, Q, N), key_pos (N,), key_src (N,))` from inside attention;
+        key_src is -1 for the master's own keys, else the slave index. Recorded layers run eager math."""
+        chosen = list(self._runtimes) if layers is None else layers
+        for i in chosen:
+            if i not in self._runtimes:
+                raise FusionLabError(f"layer {i} out of range (master has {len(self._runtimes)} layers).")
+            self._runtimes[i].recorder = recorder
+        try:
+            yield
+        finally:
+            for i in chosen:
+                self._runtimes[i].recorder = None
+
     def extra_kv_bytes(self, prompt_tokens: int) -> dict[str, int]:
         """Bytes of injected K/V per slave for a prompt of `prompt_tokens` master tokens (one slot each)."""
         spec, el = self.master.spec, torch.finfo(self.master.dtype).bits // 8

@@ -1,0 +1,41 @@
+"""Shared fixtures: tiny models are built once per session (each takes well under a second)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import fusionlab as fl
+from fusionlab.tiny import TINY
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+TINY_NAMES = list(TINY)
+TEXT = "The quick brown fox jumps over the lazy dog; 敏捷的狐狸 again and again, the end."
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    cache: dict[str, fl.LM] = {}
+
+    def get(name: str, fresh: bool = False) -> fl.LM:
+        if fresh:
+            return fl.load(name)
+        if name not in cache:
+            cache[name] = fl.load(name)
+        return cache[name]
+
+    return get
+
+
+def master_logits(lm: fl.LM, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return lm.model(ids).logits
+
+
+def embedded_available(name: str) -> bool:
+    from fusionlab.zoo import cached_manifest
+    try:
+        return cached_manifest(name) is not None
+    except Exception:
+        return False
