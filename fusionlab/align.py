@@ -32,10 +32,19 @@ class TokenAlignment:
             return x[:, :, [g[0] for g in self.groups]]
         if self.strategy == "last":
             return x[:, :, [g[-1] for g in self.groups]]
-        w = torch.zeros(len(self.groups), x.shape[2], dtype=x.dtype, device=x.device)  # (S, T_s)
-        for s, g in enumerate(self.groups):
-            w[s, g] = 1.0 / len(g)
-        return torch.einsum("st,bhtd->bhsd", w, x)
+        rows, cols, weights = self._mean_index()
+        picked = x[:, :, cols.to(x.device)] * weights.to(x.device, x.dtype)[:, None]  # (B, H, sum|g|, D)
+        out = torch.zeros(*x.shape[:2], len(self.groups), x.shape[3], dtype=x.dtype, device=x.device)
+        return out.index_add_(2, rows.to(x.device), picked)  # (B, H, S, D)
+
+    def _mean_index(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(target row, source column, weight 1/|g|) per covering pair; built once per alignment."""
+        if not hasattr(self, "_mean_cache"):
+            lens = torch.tensor([len(g) for g in self.groups])
+            rows = torch.repeat_interleave(torch.arange(len(self.groups)), lens)
+            cols = torch.tensor([j for g in self.groups for j in g], dtype=torch.long)
+            self._mean_cache = (rows, cols, 1.0 / lens[rows].float())
+        return self._mean_cache
 
     @property
     def coverage(self) -> float:

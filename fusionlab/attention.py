@@ -40,7 +40,6 @@ class Injection:
     lookup: torch.Tensor
     """(max_pos,) master position -> slot index, NO_SLOT where none (used by replace/blend)."""
     n: int = 0
-    window_slots: bool = True
 
     def append(self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> None:
         """k, v (1, H, S, D); pos (S,). Writes into the pre-allocated buffers."""
@@ -58,12 +57,68 @@ class Injection:
         return 2 * self.n * self.k.shape[1] * self.k.shape[3] * self.k.element_size()
 
 
+FAR = 2**62  # position of an unfilled buffer entry: never visible
+
+
+@dataclass
+class JointBuffer:
+    """[slots of every concat slave | own keys] for one layer, pre-allocated once per sequence.
+
+    Slots are written once (prefix) or appended (live) through views into this buffer; each forward writes
+    only its new own keys, so a decode step copies O(1) rows instead of re-concatenating the whole cache.
+    """
+
+    k: torch.Tensor
+    """(1, H_kv, N_cap, D)."""
+    v: torch.Tensor
+    pos: torch.Tensor
+    """(N_cap,) position of each entry; FAR where unfilled."""
+    bias: torch.Tensor
+    """(N_cap,) score bias: log(gate) for slots, 0 for own keys."""
+    windowed: torch.Tensor
+    """(N_cap,) bool: entry obeys the sliding window."""
+    src: torch.Tensor
+    """(N_cap,) -1 for own keys, else the slave index."""
+    own_offset: int
+
+    @classmethod
+    def allocate(cls, h: int, d: int, slots: int, tokens: int, dtype: torch.dtype,
+                 device: torch.device) -> "JointBuffer":
+        """Room for `slots` injected entries (all concat slaves) and `tokens` own keys."""
+        n = slots + tokens
+        return cls(torch.zeros(1, h, n, d, dtype=dtype, device=device),
+                  torch.zeros(1, h, n, d, dtype=dtype, device=device),
+                  torch.full((n,), FAR, dtype=torch.long, device=device),
+                  torch.zeros(n, dtype=torch.float32, device=device),
+                  torch.ones(n, dtype=torch.bool, device=device),
+                  torch.full((n,), -1, dtype=torch.long, device=device), slots)
+
+    def region(self, start: int, size: int, slave: int, gate: float, window_slots: bool):
+        """Views (k, v, pos) of one slave's slot region; sets its bias, window flag and source."""
+        sl = slice(start, start + size)
+        self.bias[sl] = math.log(gate) if gate > 0 else float("-inf")
+        self.windowed[sl] = window_slots
+        self.src[sl] = slave
+        return self.k[:, :, sl], self.v[:, :, sl], self.pos[sl]
+
+    def write_own(self, key: torch.Tensor, value: torch.Tensor, q_pos: torch.Tensor) -> int:
+        """Store the new tokens' own K/V (the last Q of `key`) at their positions; returns entries in use."""
+        q = q_pos.numel()
+        idx = self.own_offset + q_pos
+        self.k[:, :, idx] = key[:, :, -q:]
+        self.v[:, :, idx] = value[:, :, -q:]
+        self.pos[idx] = q_pos
+        return self.own_offset + int(q_pos[-1]) + 1
+
+
 @dataclass
 class LayerRuntime:
     layer: int
     base: str
     """The master's own attention implementation ('sdpa', 'eager', ...)."""
     injections: list[Injection] = field(default_factory=list)
+    joint: JointBuffer | None = None
+    """Set when any injection at this layer is concat."""
     recorder: Callable[..., None] | None = None
     """Called as recorder(layer, probs (B, H, Q, N), key_pos (N,), key_src (N,)); src -1 = master's own keys."""
 
@@ -101,7 +156,7 @@ def _apply_edits(rt: LayerRuntime, key: torch.Tensor, value: torch.Tensor, q_pos
     q = q_pos.numel()
     new_k, new_v = key[:, :, -q:], value[:, :, -q:]  # views into the cache's storage
     for inj in rt.injections:
-        if inj.mode == "concat" or inj.gate == 0.0:
+        if inj.mode == "concat":
             continue
         idx = inj.lookup[q_pos.clamp(max=inj.lookup.numel() - 1)]
         idx = torch.where(q_pos < inj.lookup.numel(), idx, NO_SLOT)
@@ -119,25 +174,15 @@ def _apply_edits(rt: LayerRuntime, key: torch.Tensor, value: torch.Tensor, q_pos
 
 
 def _joint(rt: LayerRuntime, key: torch.Tensor, value: torch.Tensor, q_pos: torch.Tensor):
-    """[slots of every concat slave | own keys]: K, V, positions, sources, score biases, windowed flags."""
+    """K, V, positions, sources, score biases, windowed flags of every key this layer's queries may see."""
+    if rt.joint is not None:
+        j = rt.joint
+        n = j.write_own(key, value, q_pos)
+        return j.k[:, :, :n], j.v[:, :, :n], j.pos[:n], j.src[:n], j.bias[:n], j.windowed[:n]
     own_pos = q_pos[-1] - key.shape[2] + 1 + torch.arange(key.shape[2], device=key.device)
-    ks, vs, pos, src, bias, win = [], [], [], [], [], []
-    for inj in rt.injections:
-        if inj.mode != "concat" or inj.gate == 0.0 or inj.n == 0:
-            continue
-        ks.append(inj.k[:, :, :inj.n])
-        vs.append(inj.v[:, :, :inj.n])
-        pos.append(inj.pos[:inj.n])
-        src.append(torch.full((inj.n,), inj.slave, device=key.device))
-        bias.append(torch.full((inj.n,), math.log(inj.gate), device=key.device, dtype=torch.float32))
-        win.append(torch.full((inj.n,), inj.window_slots, device=key.device, dtype=torch.bool))
-    ks.append(key)
-    vs.append(value)
-    pos.append(own_pos)
-    src.append(torch.full((key.shape[2],), -1, device=key.device))
-    bias.append(torch.zeros(key.shape[2], device=key.device, dtype=torch.float32))
-    win.append(torch.ones(key.shape[2], device=key.device, dtype=torch.bool))
-    return torch.cat(ks, 2), torch.cat(vs, 2), torch.cat(pos), torch.cat(src), torch.cat(bias), torch.cat(win)
+    n = key.shape[2]
+    return (key, value, own_pos, torch.full((n,), -1, device=key.device),
+            torch.zeros(n, device=key.device), torch.ones(n, dtype=torch.bool, device=key.device))
 
 
 def position_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None,
@@ -169,19 +214,20 @@ def fusion_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
         raise FusionLabError(f"fused attention supports batch size 1, got {query.shape[0]}.")
     q_pos = kw["position_ids"][0].to(key.device)  # (Q,)
     _apply_edits(rt, key, value, q_pos)
-    if rt.recorder is None and not any(i.mode == "concat" and i.gate != 0.0 and i.n for i in rt.injections):
+    if rt.recorder is None and rt.joint is None:
         return ALL_ATTENTION_FUNCTIONS[rt.base](module, query, key, value, attention_mask, scaling=scaling,
                                                 dropout=dropout, **kw)
     k_all, v_all, k_pos, k_src, bias, windowed = _joint(rt, key, value, q_pos)
     mask = position_mask(q_pos, k_pos, kw.get("sliding_window"), windowed)  # (Q, N)
     scores_bias = torch.where(mask, bias[None, :], float("-inf")).to(query.dtype)  # (Q, N)
-    n_rep = query.shape[1] // k_all.shape[1]
-    k_all, v_all = repeat_kv(k_all, n_rep), repeat_kv(v_all, n_rep)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     softcap = kw.get("softcap")
-    if rt.recorder is None and rt.base != "eager" and softcap is None:
-        out = F.scaled_dot_product_attention(query, k_all, v_all, attn_mask=scores_bias, scale=scale)
+    if rt.recorder is None and rt.base != "eager" and softcap is None:  # GQA without copying K/V
+        out = F.scaled_dot_product_attention(query, k_all, v_all, attn_mask=scores_bias, scale=scale,
+                                             enable_gqa=query.shape[1] != k_all.shape[1])
         return out.transpose(1, 2).contiguous(), None
+    n_rep = query.shape[1] // k_all.shape[1]
+    k_all, v_all = repeat_kv(k_all, n_rep), repeat_kv(v_all, n_rep)
     scores = (query @ k_all.transpose(-1, -2)) * scale  # (B, H, Q, N)
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap

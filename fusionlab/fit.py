@@ -50,7 +50,7 @@ def _pairs(master: LM, slave: LM, text: str, lmap: LayerMap, align: str):
 
 
 def fit_lstsq(master: LM, slave: LM, layer_map: LayerMap | str | None = None, texts: list[str] | None = None,
-              align: str = "mean", ridge: float = 1e-3, holdout_every: int = 5) -> LstsqProjector:
+              align: str = "mean", ridge: float = 1e-1, holdout_every: int = 5) -> LstsqProjector:
     """Closed-form ridge fit per mapped layer; every `holdout_every`-th paragraph is held out for R²."""
     lmap = (LayerMap.build(layer_map or "proportional", master, slave) if not isinstance(layer_map, LayerMap)
             else layer_map.validate_for(master, slave))

@@ -106,23 +106,40 @@ class FusedModel:
     # --- slots ------------------------------------------------------------------------------------------
     def _new_sequence(self, ids: torch.Tensor, text: str | None, prompt_len: int, capacity: int) -> Sequence:
         """Run every slave on the prompt and place its slots once, pre-allocated for `capacity` tokens."""
-        for rt in self._runtimes.values():
-            rt.injections = []
+        pending: dict[int, list[tuple[int, ResolvedSlave, torch.Tensor, torch.Tensor, torch.Tensor, int]]] = {}
         slave_caches = []
         for si, s in enumerate(self.slaves):
             s_ids, al = s.slave_inputs(self.master, ids[:, :prompt_len], text)
             cache = DynamicCache(config=s.lm.model.config) if self.timing == "live" else None
             cap = s.capture(s_ids, cache=cache)
             master_pos = al.master_index.to(self.master.device)  # (S,)
-            extra = capacity - prompt_len if self.timing == "live" else 0
+            room = master_pos.numel() + (capacity - prompt_len if self.timing == "live" else 0)
             for i in s.layer_map.pairs:
-                k, v = s.to_master(self.master, cap, al, i, master_pos)
-                inj = _allocate(si, s, i, k, master_pos.numel() + extra, capacity, self.master.device)
-                inj.append(k, v, master_pos)
-                self._runtimes[i].injections.append(inj)
+                if s.gates[i] > 0:  # a zero gate contributes nothing: no slots, no cost
+                    k, v = s.to_master(self.master, cap, al, i, master_pos)
+                    pending.setdefault(i, []).append((si, s, k, v, master_pos, room))
             slave_caches.append(cache)
-        cache = DynamicCache(config=self.master.model.config)
-        return Sequence(cache, slave_caches, 0)
+        for i, rt in self._runtimes.items():
+            rt.injections, rt.joint = [], None
+            items = pending.get(i, [])
+            concat_room = sum(x[5] for x in items if x[1].slave.mode == "concat")
+            if concat_room:
+                like = items[0][2]
+                rt.joint = att.JointBuffer.allocate(like.shape[1], like.shape[3], concat_room, capacity,
+                                                    self.master.dtype, self.master.device)
+            offset = 0
+            for si, s, k, v, pos, room in items:
+                if s.slave.mode == "concat":
+                    kb, vb, pb = rt.joint.region(offset, room, si, s.gates[i], s.slave.window_slots)
+                    offset += room
+                else:
+                    kb = torch.empty(1, k.shape[1], room, k.shape[3], dtype=k.dtype, device=k.device)
+                    vb, pb = torch.empty_like(kb), torch.empty(room, dtype=torch.long, device=k.device)
+                lookup = torch.full((capacity,), att.NO_SLOT, dtype=torch.long, device=k.device)
+                inj = att.Injection(si, s.slave.mode, s.gates[i], kb, vb, pb, lookup)
+                inj.append(k, v, pos)
+                rt.injections.append(inj)
+        return Sequence(DynamicCache(config=self.master.model.config), slave_caches, 0)
 
     def _live_step(self, seq: Sequence, token: torch.Tensor, pos: int) -> None:
         """Live timing: each slave reads the new token; its slot at `pos` exists before the master reads it."""
@@ -134,9 +151,9 @@ class FusedModel:
 
             al = identity_alignment(1, p.device)
             for i in s.layer_map.pairs:
-                k, v = s.to_master(self.master, cap, al, i, al_pos)
-                inj = next(x for x in self._runtimes[i].injections if x.slave == si)
-                inj.append(k, v, al_pos)
+                inj = next((x for x in self._runtimes[i].injections if x.slave == si), None)
+                if inj is not None:
+                    inj.append(*s.to_master(self.master, cap, al, i, al_pos), al_pos)
 
     # --- forward ----------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -229,18 +246,6 @@ class FusedModel:
     def __repr__(self) -> str:
         names = ", ".join(s.lm.name for s in self.slaves) or "no slaves"
         return f"FusedModel(master={self.master.name}, slaves=[{names}], timing={self.timing})"
-
-
-def _allocate(si: int, s: ResolvedSlave, layer: int, like: torch.Tensor, slots: int, max_pos: int,
-              device: torch.device) -> att.Injection:
-    _, h, _, d = like.shape
-    return att.Injection(
-        slave=si, mode=s.slave.mode, gate=s.gates[layer],
-        k=torch.empty(1, h, slots, d, dtype=like.dtype, device=device),
-        v=torch.empty(1, h, slots, d, dtype=like.dtype, device=device),
-        pos=torch.empty(slots, dtype=torch.long, device=device),
-        lookup=torch.full((max_pos,), att.NO_SLOT, dtype=torch.long, device=device),
-        window_slots=s.slave.window_slots)
 
 
 def _eos_ids(master: LM, eos: int | list[int] | None) -> set[int]:

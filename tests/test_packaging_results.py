@@ -1,0 +1,73 @@
+"""Packaging in sync, notebooks committed without outputs, results/claims/ledger, intervals."""
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from fusionlab import results, stats
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _names(reqs):
+    return {re.split(r"[<>=!\[ ]", r.strip(), 1)[0].lower(): r.replace(" ", "") for r in reqs}
+
+
+def test_environment_yml_matches_pyproject():
+    import yaml
+
+    py = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    want = _names(py["dependencies"] + py["optional-dependencies"]["notebooks"] + py["optional-dependencies"]["dev"])
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    got = _names([p for p in pip if not p.startswith("-e")])
+    assert got == want
+
+
+def test_notebooks_have_no_outputs():
+    nbs = sorted((ROOT / "notebooks").glob("*.ipynb"))
+    assert nbs
+    for nb in nbs:
+        data = json.loads(nb.read_text())
+        for cell in data["cells"]:
+            if cell["cell_type"] == "code":
+                assert cell.get("outputs") == [] and cell.get("execution_count") is None, nb.name
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "python3 fusionlab/bootstrap.py test" in readme and "python3 fusionlab/bootstrap.py lab" in readme
+    assert "exec python3 fusionlab/bootstrap.py test" in ci
+
+
+def test_claims_and_ledger(tmp_path):
+    c = results.Claim("x beats y", "4.2", "2.3x", "1.1x", "n=40, 95% CI [0.9, 1.3]", "tiny", "not supported", "nb")
+    results.save_claims("nb", [c], "quick", folder=tmp_path)
+    results.save_claims("nb", [results.Claim(**{**c.__dict__, "measured": "1.2x"})], "full", folder=tmp_path)
+    df = results.ledger(tmp_path)
+    assert list(df["measured"]) == ["1.2x"] and list(df["run"]) == ["full"]
+    md = results.ledger_markdown(df)
+    assert "| x beats y | 2.3x | 1.2x |" in md
+    with pytest.raises(ValueError, match="verdict must be one of"):
+        results.Claim("a", "b", "c", "d", "e", "f", "great", "nb")
+
+
+def test_write_ledger_replaces_block(tmp_path, monkeypatch):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"top\n{results.BEGIN}\nold\n{results.END}\nbottom\n")
+    results.write_ledger(readme)
+    text = readme.read_text()
+    assert "old" not in text and text.startswith("top") and text.endswith("bottom\n")
+
+
+def test_wilson_and_bootstrap():
+    lo, hi = stats.wilson(12, 100)
+    assert round(lo, 4) == 0.0699 and round(hi, 4) == 0.1981
+    assert stats.wilson(0, 0) == (0.0, 1.0)
+    lo, hi = stats.bootstrap_ci([1.0] * 10)
+    assert lo == hi == 1.0
