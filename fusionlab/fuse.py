@@ -224,6 +224,14 @@ class FusedModel:
             for i in chosen:
                 self._runtimes[i].recorder = None
 
+    def slot_bytes(self) -> dict[str, int]:
+        """Bytes of the slots actually placed for the last sequence, per slave (measured from the buffers)."""
+        out = {s.lm.name: 0 for s in self.slaves}
+        for rt in self._runtimes.values():
+            for inj in rt.injections:
+                out[self.slaves[inj.slave].lm.name] += inj.nbytes
+        return out
+
     def extra_kv_bytes(self, prompt_tokens: int) -> dict[str, int]:
         """Bytes of injected K/V per slave for a prompt of `prompt_tokens` master tokens (one slot each)."""
         spec, el = self.master.spec, torch.finfo(self.master.dtype).bits // 8
