@@ -34,7 +34,10 @@ def master_logits(lm: fl.LM, ids: torch.Tensor) -> torch.Tensor:
 
 
 def embedded_available(name: str) -> bool:
+    """In CI the bootstrap has fetched the models: never skip there, so a missing model fails loudly."""
     from fusionlab.zoo import cached_manifest
+    if os.environ.get("CI"):
+        return True
     try:
         return cached_manifest(name) is not None
     except Exception:
