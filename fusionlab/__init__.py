@@ -1,8 +1,12 @@
 """FusionLab: stitch causal LMs at inference time through their KV caches, and measure it honestly."""
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no model hub at run time; set HF_HUB_OFFLINE=0 to allow it
 __version__ = "0.1.0"
 
 from . import results, stats, viz
 from .errors import FusionLabError
+from . import fit, kv, models
 from .fit import fit_lstsq
 from .fuse import FusedModel, fuse
 from .layermap import LayerMap

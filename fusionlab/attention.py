@@ -80,6 +80,10 @@ class JointBuffer:
     src: torch.Tensor
     """(N_cap,) -1 for own keys, else the slave index."""
     own_offset: int
+    regions: list[tuple[int, int, float]] = field(default_factory=list)
+    """(start, size, gate) of each slave's slot region."""
+    dense: bool = False
+    """Every slot region is full and every gate is 1: a decode query sees all entries, no mask needed."""
 
     @classmethod
     def allocate(cls, h: int, d: int, slots: int, tokens: int, dtype: torch.dtype,
@@ -96,6 +100,7 @@ class JointBuffer:
     def region(self, start: int, size: int, slave: int, gate: float, window_slots: bool):
         """Views (k, v, pos) of one slave's slot region; sets its bias, window flag and source."""
         sl = slice(start, start + size)
+        self.regions.append((start, size, gate))
         self.bias[sl] = math.log(gate) if gate > 0 else float("-inf")
         self.windowed[sl] = window_slots
         self.src[sl] = slave
@@ -185,6 +190,35 @@ def _joint(rt: LayerRuntime, key: torch.Tensor, value: torch.Tensor, q_pos: torc
             torch.zeros(n, device=key.device), torch.ones(n, dtype=torch.bool, device=key.device))
 
 
+_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def _prefill_split(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, joint: JointBuffer,
+                   q_pos: torch.Tensor, scale: float) -> torch.Tensor | None:
+    """Prefill from scratch when every slot region sits exactly at the queries' positions: each part
+    (own keys, each slave's slots) is plain causal attention, so run causal flash per part and merge the
+    parts exactly by their log-sum-exp (+ log gate). Skips the masked upper triangle; None if it doesn't apply."""
+    q = query.shape[2]
+    if _FLASH_CPU is None or query.device.type != "cpu" or key.shape[2] != q or int(q_pos[0]) != 0:
+        return None
+    parts = [(key, value, 0.0)]
+    for start, size, gate in joint.regions:
+        pos = joint.pos[start:start + size]
+        if not torch.equal(pos[:q], q_pos) or (size > q and bool((pos[q:] != FAR).any())):
+            return None
+        parts.append((joint.k[:, :, start:start + q], joint.v[:, :, start:start + q], math.log(gate)))
+    n_rep = query.shape[1] // key.shape[1]
+    outs, lses = [], []
+    for k, v, bias in parts:
+        o, lse = _FLASH_CPU(query, repeat_kv(k, n_rep), repeat_kv(v, n_rep), 0.0, True, attn_mask=None, scale=scale)
+        outs.append(o)
+        lses.append(lse.float() + bias)  # (B, H, Q)
+    m = torch.stack(lses).amax(0)
+    w = [torch.exp(l - m) for l in lses]
+    total = sum(wi[..., None] * oi.float() for wi, oi in zip(w, outs)) / sum(w)[..., None]
+    return total.to(query.dtype)
+
+
 def position_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None,
                   k_windowed: torch.Tensor | None = None) -> torch.Tensor:
     """(Q, N) bool: key at position p visible to query at q iff p <= q (and q - p < window where windowed)."""
@@ -218,9 +252,19 @@ def fusion_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
         return ALL_ATTENTION_FUNCTIONS[rt.base](module, query, key, value, attention_mask, scaling=scaling,
                                                 dropout=dropout, **kw)
     k_all, v_all, k_pos, k_src, bias, windowed = _joint(rt, key, value, q_pos)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    fast = rt.recorder is None and rt.base == "sdpa" and kw.get("softcap") is None and rt.joint is not None \
+        and kw.get("sliding_window") is None
+    if fast and query.shape[2] > 1:
+        out = _prefill_split(query, key, value, rt.joint, q_pos, scale)
+        if out is not None:
+            return out.transpose(1, 2).contiguous(), None
+    if fast and query.shape[2] == 1 and rt.joint.dense:  # every entry visible, no bias: no mask at all
+        out = F.scaled_dot_product_attention(query, k_all, v_all, scale=scale,
+                                             enable_gqa=query.shape[1] != k_all.shape[1])
+        return out.transpose(1, 2).contiguous(), None
     mask = position_mask(q_pos, k_pos, kw.get("sliding_window"), windowed)  # (Q, N)
     scores_bias = torch.where(mask, bias[None, :], float("-inf")).to(query.dtype)  # (Q, N)
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     softcap = kw.get("softcap")
     if rt.recorder is None and rt.base != "eager" and softcap is None:  # GQA without copying K/V
         out = F.scaled_dot_product_attention(query, k_all, v_all, attn_mask=scores_bias, scale=scale,

@@ -73,6 +73,42 @@ def cmd_ledger(_: argparse.Namespace) -> int:
     return 0
 
 
+def kv_config(name: str):
+    """A config for `fusionlab kv`: a JSON file, a tiny name, or any loadable model (config only)."""
+    import json
+    from pathlib import Path
+
+    from . import zoo
+    from .tiny import TINY, tiny_config
+
+    if name.endswith(".json") and Path(name).exists():
+        return json.loads(Path(name).read_text())
+    if name in TINY:
+        return tiny_config(name)
+    from transformers import AutoConfig
+
+    if name in zoo.EMBEDDED:
+        zoo.fetch([name], progress=lambda _: None)
+        return AutoConfig.from_pretrained(zoo.converted_dir(name))
+    try:
+        return AutoConfig.from_pretrained(name)
+    except OSError as e:
+        raise FusionLabError(f"no config for {name!r}: pass an embedded/tiny name, a model directory, a cached "
+                             "Hugging Face id, or a config .json file.") from e
+
+
+def cmd_kv(args: argparse.Namespace) -> int:
+    from . import kv
+
+    b = kv.budget(kv_config(args.model), args.seq, batch=args.batch, dtype=args.dtype, kv_dtype=args.kv_dtype)
+    df = b.layers.assign(MiB=(b.layers["bytes"] / 2**20).round(2))
+    print(df.to_string(index=False) if args.per_layer else b.by_type().assign(
+        MiB=lambda d: (d["bytes"] / 2**20).round(2)).to_string(index=False))
+    print(f"total: {b.total_bytes:,} bytes = {b.total_gib:.3f} GiB = {b.total_bytes / 1e9:.3f} GB "
+          f"({args.model}, seq {args.seq}, batch {args.batch}, {args.kv_dtype or args.dtype})")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="fusionlab", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -85,6 +121,14 @@ def main(argv: list[str] | None = None) -> int:
     lab.add_argument("--full", action="store_true", help="full grids (hours on CPU)")
     lab.set_defaults(fn=cmd_lab)
     sub.add_parser("ledger", help="regenerate the README claims table from saved results").set_defaults(fn=cmd_ledger)
+    k = sub.add_parser("kv", help="KV-cache budget of a model at a context length")
+    k.add_argument("model", help="embedded or tiny name, model directory, HF id, or config .json")
+    k.add_argument("--seq", type=int, default=32768)
+    k.add_argument("--batch", type=int, default=1)
+    k.add_argument("--dtype", default="bfloat16")
+    k.add_argument("--kv-dtype", default=None, help="int8 / int4 for a quantised cache")
+    k.add_argument("--per-layer", action="store_true")
+    k.set_defaults(fn=cmd_kv)
     args = p.parse_args(argv)
     try:
         return args.fn(args)

@@ -139,6 +139,8 @@ class FusedModel:
                 inj = att.Injection(si, s.slave.mode, s.gates[i], kb, vb, pb, lookup)
                 inj.append(k, v, pos)
                 rt.injections.append(inj)
+            if rt.joint is not None:
+                rt.joint.dense = self.timing == "prefix" and all(g == 1.0 for _, _, g in rt.joint.regions)
         return Sequence(DynamicCache(config=self.master.model.config), slave_caches, 0)
 
     def _live_step(self, seq: Sequence, token: torch.Tensor, pos: int) -> None:

@@ -110,12 +110,12 @@ def test_close_restores_bit_identical(tiny, name):
 
 
 @pytest.mark.parametrize("name", TINY_NAMES)
-@pytest.mark.parametrize("mode", ["replace", "blend", "concat"])
-def test_decode_matches_full_forward(tiny, name, mode):
-    """Incremental decoding (cache edits, slot reuse) == one forward over prompt + generated tokens."""
+@pytest.mark.parametrize("mode,gate", [("replace", 0.7), ("blend", 0.7), ("concat", 0.7), ("concat", 1.0)])
+def test_decode_matches_full_forward(tiny, name, mode, gate):
+    """Incremental decoding (cache edits, slot reuse, mask-free decode) == one forward over prompt + generated."""
     m, s = tiny(name), theta_shifted(name, 0.5)
     ids = m.encode(TEXT)
-    with fl.fuse(m, [fl.Slave(s, mode=mode, gate=0.7)]) as f:
+    with fl.fuse(m, [fl.Slave(s, mode=mode, gate=gate)]) as f:
         out = f.generate(ids, max_new_tokens=8)
         logits = f(out, prompt_len=ids.shape[1])
     t = ids.shape[1]

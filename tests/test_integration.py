@@ -72,3 +72,19 @@ def test_real_cross_pairs(qwen, slave_name):
         assert out.shape == ref.shape and torch.isfinite(out).all()
         assert f.describe()["tokens"].iloc[0] == "aligned (mean)"
     assert torch.equal(master_logits(qwen, ids), ref)
+
+
+def test_readme_api_example_runs():
+    """The README's ten-line example, executed as written."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = re.search(r"## API in ten lines\n\n```python\n(.*?)```", readme, re.S).group(1)
+    assert len([ln for ln in block.splitlines() if ln.strip()]) <= 10
+    exec(compile(block, "README.md", "exec"), {})
+
+
+def test_models_list():
+    df = fl.models.list()
+    assert set(df["name"]) >= {QWEN, SMOL, GEMMA, "tiny-qwen2"} and df.loc[df["name"] == QWEN, "installed"].item()

@@ -1,0 +1,14 @@
+"""`fl.models.list()`: what is installed, sizes, cache state (the CLI's `fusionlab models` prints the same)."""
+from __future__ import annotations
+
+import pandas as pd
+
+from . import zoo
+from .tiny import TINY
+
+
+def list() -> pd.DataFrame:  # noqa: A001  (the public name the issue asks for)
+    """One row per embedded model (installed, GGUF bytes, converted-cache state, pinned sha) and per tiny model."""
+    rows = zoo.installed() + [{"name": n, "installed": True, "gguf_bytes": None, "cached": True, "sha256": None,
+                               "about": "tiny random model, built locally"} for n in TINY]
+    return pd.DataFrame(rows)
