@@ -6,7 +6,8 @@ __version__ = "0.1.0"
 
 from . import results, stats, viz
 from .errors import FusionLabError
-from . import fit, kv, models
+from . import evaluate, fit, kv, models
+from .alignment import AlignmentReport, check_alignment
 from .fit import fit_lstsq
 from .fuse import FusedModel, fuse
 from .layermap import LayerMap
