@@ -124,6 +124,8 @@ class LayerRuntime:
     injections: list[Injection] = field(default_factory=list)
     joint: JointBuffer | None = None
     """Set when any injection at this layer is concat."""
+    active: bool = False
+    """True only inside the FusedModel's own forward passes; otherwise the master runs as itself."""
     recorder: Callable[..., None] | None = None
     """Called as recorder(layer, probs (B, H, Q, N), key_pos (N,), key_src (N,)); src -1 = master's own keys."""
 
@@ -249,7 +251,7 @@ def fusion_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
     if rt is None:
         raise FusionLabError("a FusionLab attention function ran on a model that is not fused (closed?); "
                              "call model.set_attn_implementation('sdpa') or fuse() again.")
-    if not rt.injections and rt.recorder is None:
+    if not rt.active or (not rt.injections and rt.recorder is None):
         return ALL_ATTENTION_FUNCTIONS[rt.base](module, query, key, value, attention_mask, scaling=scaling,
                                                 dropout=dropout, **kw)
     if "position_ids" not in kw or kw["position_ids"] is None:

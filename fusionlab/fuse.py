@@ -162,8 +162,14 @@ class FusedModel:
     def _forward(self, seq: Sequence, ids: torch.Tensor, logits_to_keep: int = 0) -> torch.Tensor:
         start = seq.length
         pos = torch.arange(start, start + ids.shape[1], device=self.master.device).view(1, -1)
-        out = self.master.model(input_ids=ids, position_ids=pos, cache=seq.master_cache, use_cache=True,
-                                logits_to_keep=logits_to_keep)
+        for rt in self._runtimes.values():
+            rt.active = True
+        try:
+            out = self.master.model(input_ids=ids, position_ids=pos, cache=seq.master_cache, use_cache=True,
+                                    logits_to_keep=logits_to_keep)
+        finally:
+            for rt in self._runtimes.values():
+                rt.active = False
         seq.length += ids.shape[1]
         return out.logits
 

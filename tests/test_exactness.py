@@ -130,3 +130,24 @@ def test_gate_zero_equals_master(tiny, name):
     for mode in ("concat", "replace", "blend"):
         with fl.fuse(m, [fl.Slave(s, mode=mode, gate=0.0)]) as f:
             assert torch.allclose(f(ids), ref, atol=1e-5, rtol=0), mode
+
+
+@pytest.mark.parametrize("name", TINY_NAMES)
+def test_master_used_directly_inside_fuse_is_the_plain_master(tiny, name):
+    """Injection is active only in the FusedModel's own passes: no stale slots leak into direct calls."""
+    m, s = tiny(name), theta_shifted(name, 2.0)
+    long_ids, short_ids = m.encode(TEXT), m.encode("short")
+    ref_long, ref_short = master_logits(m, long_ids), master_logits(m, short_ids)
+    with fl.fuse(m, [fl.Slave(s)]) as f:
+        f(short_ids)
+        assert torch.equal(master_logits(m, long_ids), ref_long)
+        f(long_ids)
+        assert torch.equal(master_logits(m, short_ids), ref_short)
+
+
+def test_master_as_its_own_slave_object(tiny):
+    """The very same LM as master and slave: the slave's capture must see the plain model."""
+    m = tiny("tiny-llama")
+    ids = m.encode(TEXT)
+    with fl.fuse(m, [fl.Slave(m, mode="concat")], timing="live") as f:
+        assert (f(ids) - master_logits(m, ids)).abs().max() <= 1e-3
