@@ -2,7 +2,8 @@
 
 Their geometries differ on purpose (head_dim, KV heads, layer count, RoPE θ, sliding layers, fused qkv),
 and two tokenizers exist (plain bytes, and bytes with a few merges) so cross-tokenizer paths get exercised.
-Weights use a larger init than usual so attention is far from uniform and exactness tests can fail.
+Weights use a larger init than usual so attention is far from uniform and exactness tests can fail;
+norm weights are perturbed (seeded) so norm differences between models are real.
 """
 from __future__ import annotations
 
@@ -103,6 +104,10 @@ def build_tiny(name: str, dtype: torch.dtype, attn_implementation: str,
     torch.manual_seed(SEED)
     try:
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        with torch.no_grad():  # trained models' norms are far from their init; make ours differ too
+            for pname, p in model.named_parameters():
+                if "norm" in pname:
+                    p.add_(0.2 * torch.randn_like(p))
     finally:
         torch.random.set_rng_state(gen_state)
     model.eval()
