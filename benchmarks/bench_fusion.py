@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import torch
+from transformers import DynamicCache
 
 import fusionlab as fl
 from fusionlab.capture import capture_kv
@@ -67,47 +68,49 @@ def main() -> None:
             fwd["noop"] += timed(lambda: f(short), 1)
     res["noop_forward_ratio"] = statistics.median(fwd["noop"]) / statistics.median(fwd["plain"])
 
-    # 2. decode tokens/s at a long prompt: master alone (HF generate) vs fused prefix concat
+    # 2. decode: per-step time at a long prompt, master alone (plain HF loop) vs fused (prefix concat)
     n = args.decode
     slave = fl.Slave(s, layer_map=proj.layer_map, projector=proj, align="mean")
+    tok = torch.tensor([[m.tokenizer.encode(" the")[0]]])
 
-    def master_decode() -> float:
+    def master_steps() -> tuple[float, float]:
+        cache = DynamicCache(config=m.model.config)
         t = time.perf_counter()
-        out = m.model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
-        assert out.shape[1] == ids.shape[1] + n
-        return time.perf_counter() - t
+        m.model(ids, cache=cache, use_cache=True, logits_to_keep=1)
+        prefill = time.perf_counter() - t
+        steps = []
+        for i in range(n):
+            t = time.perf_counter()
+            m.model(tok, cache=cache, use_cache=True, logits_to_keep=1,
+                    position_ids=torch.tensor([[ids.shape[1] + i]]))
+            steps.append(time.perf_counter() - t)
+        return prefill, statistics.median(steps)
 
-    def prefill_only_master() -> float:
-        t = time.perf_counter()
-        m.model.generate(ids, max_new_tokens=1, do_sample=False)
-        return time.perf_counter() - t
-
-    def fused_decode(f) -> float:
-        t = time.perf_counter()
-        f.generate(text, max_new_tokens=n, eos_token_id=[])
-        return time.perf_counter() - t
-
-    def fused_prefill(f) -> float:
-        t = time.perf_counter()
-        f.generate(text, max_new_tokens=1)
-        return time.perf_counter() - t
-
-    dec = {"master_total": [], "master_prefill": [], "fused_total": [], "fused_prefill": [], "slave_prefill": []}
-    for _ in range(args.reps):
-        dec["master_total"].append(master_decode())
-        dec["master_prefill"].append(prefill_only_master())
+    def fused_steps() -> tuple[float, float]:
         with fl.fuse(m, [slave]) as f:
-            dec["fused_total"].append(fused_decode(f))
-            dec["fused_prefill"].append(fused_prefill(f))
-        s_ids = s.encode(text)
-        dec["slave_prefill"].append(timed(lambda: capture_kv(s, s_ids, sorted(set(proj.layer_map.pairs.values()))), 1)[0])
-    med = {k: statistics.median(v) for k, v in dec.items()}
-    master_tps = (n - 1) / (med["master_total"] - med["master_prefill"])
-    fused_tps = (n - 1) / (med["fused_total"] - med["fused_prefill"])
-    res.update({"decode_tokens": n, "master_decode_tok_s": master_tps, "fused_decode_tok_s": fused_tps,
-                "decode_ratio": fused_tps / master_tps, "master_prefill_s": med["master_prefill"],
-                "slave_prefill_s": med["slave_prefill"], "fused_prefill_s": med["fused_prefill"],
-                "prefill_ratio": med["fused_prefill"] / (med["master_prefill"] + med["slave_prefill"])})
+            t = time.perf_counter()
+            seq, _, _ = f.prefill(text, max_new_tokens=n)
+            prefill = time.perf_counter() - t
+            steps = []
+            for _ in range(n):
+                t = time.perf_counter()
+                f.decode_one_token(seq, tok)
+                steps.append(time.perf_counter() - t)
+        return prefill, statistics.median(steps)
+
+    runs = {"master": [], "fused": [], "slave_prefill": []}
+    s_ids = s.encode(text)
+    for _ in range(args.reps):
+        runs["master"].append(master_steps())
+        runs["fused"].append(fused_steps())
+        runs["slave_prefill"] += timed(lambda: capture_kv(s, s_ids, sorted(set(proj.layer_map.pairs.values()))), 1)
+    med = lambda k, i: statistics.median(r[i] for r in runs[k])  # noqa: E731
+    master_step, fused_step = med("master", 1), med("fused", 1)
+    slave_prefill = statistics.median(runs["slave_prefill"])
+    res.update({"decode_tokens": n, "master_decode_tok_s": 1 / master_step, "fused_decode_tok_s": 1 / fused_step,
+                "decode_ratio": master_step / fused_step, "master_prefill_s": med("master", 0),
+                "slave_prefill_s": slave_prefill, "fused_prefill_s": med("fused", 0),
+                "prefill_ratio": med("fused", 0) / (med("master", 0) + slave_prefill)})
 
     # 3. cold vs warm TTFT in a fresh process
     res["ttft"] = measure(m.name, s.name, warm_runs=args.reps)

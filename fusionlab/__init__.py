@@ -8,6 +8,7 @@ from . import results, stats, viz
 from .errors import FusionLabError
 from . import evaluate, fit, kv, models
 from .alignment import AlignmentReport, check_alignment
+from .attention_capture import capture_attention
 from .fit import fit_lstsq
 from .fuse import FusedModel, fuse
 from .layermap import LayerMap
@@ -17,6 +18,6 @@ from .slots import Slave
 from .spec import ModelSpec, RopeSpec
 from .zoo import load
 
-__all__ = ["FusionLabError", "FusedModel", "HeadsProjector", "IdentityProjector", "LM", "LayerMap",
-           "LstsqProjector", "ModelSpec", "RopeSpec", "Slave", "fit_lstsq", "fuse", "load", "results",
-           "stats", "viz"]
+__all__ = ["AlignmentReport", "FusionLabError", "FusedModel", "HeadsProjector", "IdentityProjector", "LM",
+           "LayerMap", "LstsqProjector", "ModelSpec", "RopeSpec", "Slave", "capture_attention", "check_alignment",
+           "evaluate", "fit", "fit_lstsq", "fuse", "kv", "load", "models", "results", "stats", "viz"]

@@ -21,99 +21,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMa
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .errors import FusionLabError
-
-NO_SLOT = -1
-
-
-@dataclass
-class Injection:
-    """Slots one slave contributes at one master layer; pre-allocated, filled once (prefix) or grown (live)."""
-
-    slave: int
-    mode: str
-    gate: float
-    k: torch.Tensor
-    """(1, H_kv_m, capacity, D_m), already in the master's frame (or naive, on purpose)."""
-    v: torch.Tensor
-    pos: torch.Tensor
-    """(capacity,) master position of each slot."""
-    lookup: torch.Tensor
-    """(max_pos,) master position -> slot index, NO_SLOT where none (used by replace/blend)."""
-    n: int = 0
-
-    def append(self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> None:
-        """k, v (1, H, S, D); pos (S,). Writes into the pre-allocated buffers."""
-        s = pos.numel()
-        if self.n + s > self.k.shape[2] or int(pos.max()) >= self.lookup.numel():
-            raise FusionLabError("injection buffer full: raise max_new_tokens / capacity for this sequence.")
-        self.k[:, :, self.n:self.n + s] = k
-        self.v[:, :, self.n:self.n + s] = v
-        self.pos[self.n:self.n + s] = pos
-        self.lookup[pos] = torch.arange(self.n, self.n + s, device=pos.device)
-        self.n += s
-
-    @property
-    def nbytes(self) -> int:
-        return 2 * self.n * self.k.shape[1] * self.k.shape[3] * self.k.element_size()
-
-
-FAR = 2**62  # position of an unfilled buffer entry: never visible
-
-
-@dataclass
-class JointBuffer:
-    """[slots of every concat slave | own keys] for one layer, pre-allocated once per sequence.
-
-    Slots are written once (prefix) or appended (live) through views into this buffer; each forward writes
-    only its new own keys, so a decode step copies O(1) rows instead of re-concatenating the whole cache.
-    """
-
-    k: torch.Tensor
-    """(1, H_kv, N_cap, D)."""
-    v: torch.Tensor
-    pos: torch.Tensor
-    """(N_cap,) position of each entry; FAR where unfilled."""
-    bias: torch.Tensor
-    """(N_cap,) score bias: log(gate) for slots, 0 for own keys."""
-    windowed: torch.Tensor
-    """(N_cap,) bool: entry obeys the sliding window."""
-    src: torch.Tensor
-    """(N_cap,) -1 for own keys, else the slave index."""
-    own_offset: int
-    regions: list[tuple[int, int, float]] = field(default_factory=list)
-    """(start, size, gate) of each slave's slot region."""
-    dense: bool = False
-    """Every slot region is full and every gate is 1: a decode query sees all entries, no mask needed."""
-
-    @classmethod
-    def allocate(cls, h: int, d: int, slots: int, tokens: int, dtype: torch.dtype,
-                 device: torch.device) -> "JointBuffer":
-        """Room for `slots` injected entries (all concat slaves) and `tokens` own keys."""
-        n = slots + tokens
-        return cls(torch.zeros(1, h, n, d, dtype=dtype, device=device),
-                  torch.zeros(1, h, n, d, dtype=dtype, device=device),
-                  torch.full((n,), FAR, dtype=torch.long, device=device),
-                  torch.zeros(n, dtype=torch.float32, device=device),
-                  torch.ones(n, dtype=torch.bool, device=device),
-                  torch.full((n,), -1, dtype=torch.long, device=device), slots)
-
-    def region(self, start: int, size: int, slave: int, gate: float, window_slots: bool):
-        """Views (k, v, pos) of one slave's slot region; sets its bias, window flag and source."""
-        sl = slice(start, start + size)
-        self.regions.append((start, size, gate))
-        self.bias[sl] = math.log(gate) if gate > 0 else float("-inf")
-        self.windowed[sl] = window_slots
-        self.src[sl] = slave
-        return self.k[:, :, sl], self.v[:, :, sl], self.pos[sl]
-
-    def write_own(self, key: torch.Tensor, value: torch.Tensor, q_pos: torch.Tensor) -> int:
-        """Store the new tokens' own K/V (the last Q of `key`) at their positions; returns entries in use."""
-        q = q_pos.numel()
-        idx = self.own_offset + q_pos
-        self.k[:, :, idx] = key[:, :, -q:]
-        self.v[:, :, idx] = value[:, :, -q:]
-        self.pos[idx] = q_pos
-        return self.own_offset + int(q_pos[-1]) + 1
+from .kvbuffer import FAR, NO_SLOT, Injection, JointBuffer  # noqa: F401  (re-exported)
 
 
 @dataclass
@@ -126,8 +34,8 @@ class LayerRuntime:
     """Set when any injection at this layer is concat."""
     active: bool = False
     """True only inside the FusedModel's own forward passes; otherwise the master runs as itself."""
-    recorder: Callable[..., None] | None = None
-    """Called as recorder(layer, probs (B, H, Q, N), key_pos (N,), key_src (N,)); src -1 = master's own keys."""
+    recorder: "Recorder | None" = None
+    """Set by FusedModel.recording(); key_src is -1 for the master's own keys, else the slave index."""
 
 
 _RUNTIMES: dict[int, LayerRuntime] = {}
@@ -180,10 +88,10 @@ def _apply_edits(rt: LayerRuntime, key: torch.Tensor, value: torch.Tensor, q_pos
             new_v[:, :, sel] += g * sv
 
 
-def _joint(rt: LayerRuntime, key: torch.Tensor, value: torch.Tensor, q_pos: torch.Tensor):
+def _joint(joint: JointBuffer | None, key: torch.Tensor, value: torch.Tensor, q_pos: torch.Tensor):
     """K, V, positions, sources, score biases, windowed flags of every key this layer's queries may see."""
-    if rt.joint is not None:
-        j = rt.joint
+    if joint is not None:
+        j = joint
         n = j.write_own(key, value, q_pos)
         return j.k[:, :, :n], j.v[:, :, :n], j.pos[:n], j.src[:n], j.bias[:n], j.windowed[:n]
     own_pos = q_pos[-1] - key.shape[2] + 1 + torch.arange(key.shape[2], device=key.device)
@@ -216,7 +124,7 @@ def _prefill_split(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
         outs.append(o)
         lses.append(lse.float() + bias)  # (B, H, Q)
     m = torch.stack(lses).amax(0)
-    w = [torch.exp(l - m) for l in lses]
+    w = [torch.exp(lse - m) for lse in lses]
     total = sum(wi[..., None] * oi.float() for wi, oi in zip(w, outs)) / sum(w)[..., None]
     return total.to(query.dtype)
 
@@ -243,6 +151,79 @@ def position_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None,
     return visible
 
 
+@dataclass
+class Recorder:
+    """What an attention capture wants from inside the attention computation."""
+
+    fn: Callable[..., None]
+    """fn(layer, probs (B, H_sel, q, N), key_pos (N,), key_src (N,), query_pos (q,), heads)."""
+    rows: Callable[[torch.Tensor], torch.Tensor | None] = lambda q_pos: None
+    """Query positions (Q,) -> row indices to record (None = all rows)."""
+    heads: list[int] | None = None
+    reference: bool = False
+    """True: the layer's output is computed from the recorded probabilities (eager math, all rows)."""
+    chunk: int = 512
+    """Query rows per chunk, bounding memory at chunk x N x H floats."""
+
+
+def _query_positions(kw: dict[str, Any], key: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+    pos = kw.get("position_ids")
+    if pos is not None:
+        return pos[0].to(key.device)  # (Q,)
+    return key.shape[2] - query.shape[2] + torch.arange(query.shape[2], device=key.device)
+
+
+def _probs(query: torch.Tensor, k: torch.Tensor, bias: torch.Tensor, scale: float,
+           softcap: float | None) -> torch.Tensor:
+    """softmax(q k^T * scale + bias) in float32. query (B, h, q, D); k (B, h, N, D); bias (q, N)."""
+    scores = (query @ k.transpose(-1, -2)) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    return torch.softmax(scores.float() + bias.float(), dim=-1)
+
+
+def _fast_output(rt: LayerRuntime, joint: JointBuffer | None, query: torch.Tensor, key: torch.Tensor,
+                 value: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, q_pos: torch.Tensor,
+                 scores_bias: Callable[[], torch.Tensor], scale: float, kw: dict[str, Any]) -> torch.Tensor:
+    """The layer output without probabilities, by the fastest exact path that applies. (B, Q, H, D)"""
+    plain = rt.base == "sdpa" and kw.get("softcap") is None and kw.get("sliding_window") is None
+    if plain and joint is not None and query.shape[2] > 1:
+        out = _prefill_split(query, key, value, joint, q_pos, scale)
+        if out is not None:
+            return out.transpose(1, 2).contiguous()
+    if plain and joint is not None and query.shape[2] == 1 and joint.dense:  # all visible, no bias: no mask
+        return _decode_packed(query, k_all, v_all, None, scale)
+    if rt.base != "eager" and kw.get("softcap") is None:
+        if query.shape[2] == 1:
+            return _decode_packed(query, k_all, v_all, scores_bias(), scale)
+        out = F.scaled_dot_product_attention(query, k_all, v_all, attn_mask=scores_bias(), scale=scale,
+                                             enable_gqa=query.shape[1] != k_all.shape[1])
+        return out.transpose(1, 2).contiguous()
+    n_rep = query.shape[1] // k_all.shape[1]
+    probs = _probs(query, repeat_kv(k_all, n_rep), scores_bias(), scale, kw.get("softcap"))
+    return (probs.to(query.dtype) @ repeat_kv(v_all, n_rep)).transpose(1, 2).contiguous()
+
+
+def _record(rec: Recorder, layer: int, query: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor,
+            k_pos: torch.Tensor, k_src: torch.Tensor, q_pos: torch.Tensor, bias: torch.Tensor, scale: float,
+            softcap: float | None) -> torch.Tensor | None:
+    """Probabilities for the recorder's rows and heads only, in chunks; with `reference`, also the output."""
+    n_rep = query.shape[1] // k_all.shape[1]
+    heads = rec.heads if rec.heads is not None and not rec.reference else list(range(query.shape[1]))
+    h_idx = torch.tensor(heads, device=query.device)
+    k_sel, v_sel = k_all.index_select(1, h_idx // n_rep), v_all.index_select(1, h_idx // n_rep)
+    rows = None if rec.reference else rec.rows(q_pos)
+    rows = torch.arange(q_pos.numel(), device=q_pos.device) if rows is None else rows
+    out = torch.empty_like(query) if rec.reference else None
+    for start in range(0, rows.numel(), rec.chunk):
+        r = rows[start:start + rec.chunk]
+        probs = _probs(query[:, h_idx][:, :, r], k_sel, bias[r], scale, softcap)  # (B, h, q, N)
+        rec.fn(layer, probs, k_pos, k_src, q_pos[r], heads)
+        if out is not None:
+            out[:, :, r] = probs.to(query.dtype) @ v_sel
+    return None if out is None else out.transpose(1, 2).contiguous()
+
+
 def fusion_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
                      **kw: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -251,44 +232,34 @@ def fusion_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
     if rt is None:
         raise FusionLabError("a FusionLab attention function ran on a model that is not fused (closed?); "
                              "call model.set_attn_implementation('sdpa') or fuse() again.")
-    if not rt.active or (not rt.injections and rt.recorder is None):
+    inject = rt.active and bool(rt.injections)  # injections only inside the FusedModel's own passes
+    if not inject and rt.recorder is None:
         return ALL_ATTENTION_FUNCTIONS[rt.base](module, query, key, value, attention_mask, scaling=scaling,
                                                 dropout=dropout, **kw)
-    if "position_ids" not in kw or kw["position_ids"] is None:
-        raise FusionLabError("injection needs position_ids in the attention call; run through FusedModel.")
     if query.shape[0] != 1:
-        raise FusionLabError(f"fused attention supports batch size 1, got {query.shape[0]}.")
-    q_pos = kw["position_ids"][0].to(key.device)  # (Q,)
-    _apply_edits(rt, key, value, q_pos)
-    if rt.recorder is None and rt.joint is None:
+        raise FusionLabError(f"fused / recorded attention supports batch size 1, got {query.shape[0]}.")
+    q_pos = _query_positions(kw, key, query)
+    if inject:
+        _apply_edits(rt, key, value, q_pos)
+    joint = rt.joint if inject else None
+    if rt.recorder is None and joint is None:
         return ALL_ATTENTION_FUNCTIONS[rt.base](module, query, key, value, attention_mask, scaling=scaling,
                                                 dropout=dropout, **kw)
-    k_all, v_all, k_pos, k_src, bias, windowed = _joint(rt, key, value, q_pos)
+    k_all, v_all, k_pos, k_src, bias, windowed = _joint(joint, key, value, q_pos)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    fast = rt.recorder is None and rt.base == "sdpa" and kw.get("softcap") is None and rt.joint is not None \
-        and kw.get("sliding_window") is None
-    if fast and query.shape[2] > 1:
-        out = _prefill_split(query, key, value, rt.joint, q_pos, scale)
-        if out is not None:
-            return out.transpose(1, 2).contiguous(), None
-    if fast and query.shape[2] == 1 and rt.joint.dense:  # every entry visible, no bias: no mask at all
-        return _decode_packed(query, k_all, v_all, None, scale), None
-    mask = position_mask(q_pos, k_pos, kw.get("sliding_window"), windowed)  # (Q, N)
-    scores_bias = torch.where(mask, bias[None, :], float("-inf")).to(query.dtype)  # (Q, N)
-    softcap = kw.get("softcap")
-    if rt.recorder is None and rt.base != "eager" and softcap is None and query.shape[2] == 1:
-        return _decode_packed(query, k_all, v_all, scores_bias, scale), None
-    if rt.recorder is None and rt.base != "eager" and softcap is None:  # GQA without copying K/V
-        out = F.scaled_dot_product_attention(query, k_all, v_all, attn_mask=scores_bias, scale=scale,
-                                             enable_gqa=query.shape[1] != k_all.shape[1])
-        return out.transpose(1, 2).contiguous(), None
-    n_rep = query.shape[1] // k_all.shape[1]
-    k_all, v_all = repeat_kv(k_all, n_rep), repeat_kv(v_all, n_rep)
-    scores = (query @ k_all.transpose(-1, -2)) * scale  # (B, H, Q, N)
-    if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
-    probs = torch.softmax(scores.float() + scores_bias.float(), dim=-1).to(query.dtype)
-    if rt.recorder is not None:
-        rt.recorder(rt.layer, probs, k_pos, k_src)
-    return (probs @ v_all).transpose(1, 2).contiguous(), probs
+    cache: dict[str, torch.Tensor] = {}
 
+    def scores_bias() -> torch.Tensor:  # (Q, N): bias where visible, -inf elsewhere; built once, if needed
+        if "b" not in cache:
+            mask = position_mask(q_pos, k_pos, kw.get("sliding_window"), windowed)
+            cache["b"] = torch.where(mask, bias[None, :], float("-inf")).to(query.dtype)
+        return cache["b"]
+
+    rec = rt.recorder
+    if rec is not None and rec.reference:
+        return _record(rec, rt.layer, query, k_all, v_all, k_pos, k_src, q_pos, scores_bias(), scale,
+                       kw.get("softcap")), None
+    out = _fast_output(rt, joint, query, key, value, k_all, v_all, q_pos, scores_bias, scale, kw)
+    if rec is not None:
+        _record(rec, rt.layer, query, k_all, v_all, k_pos, k_src, q_pos, scores_bias(), scale, kw.get("softcap"))
+    return out, None

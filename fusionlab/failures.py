@@ -71,7 +71,7 @@ def wrong_ids_nll(master: LM, foreign: LM, texts: list[str]) -> pd.DataFrame:
 
 def rope_variant(name: str, theta_factor: float = 1.0, scaling: dict | None = None) -> LM:
     """The same weights as `name` with RoPE altered (θ scaled and/or a scaling dict): the RoPE-mismatched slave."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     lm = load(name)
     cfg = copy.deepcopy(lm.model.config)
@@ -97,7 +97,7 @@ def attention_distortion(master: LM, slave: LM, text: str, rope: str, layers: li
     query gives the slave's slot copies and the attention it gives the master's own keys (0 = identical)."""
     rows = []
 
-    def rec(layer: int, probs: torch.Tensor, k_pos: torch.Tensor, k_src: torch.Tensor) -> None:
+    def rec(layer: int, probs: torch.Tensor, k_pos: torch.Tensor, k_src: torch.Tensor, *_: object) -> None:
         own, slot = probs[0][..., k_src == -1], probs[0][..., k_src == 0]  # (H, Q, T) each, same positions
         own = own / own.sum(-1, keepdim=True)
         slot = slot / slot.sum(-1, keepdim=True).clamp_min(1e-12)

@@ -22,6 +22,13 @@ from .sampling import SamplingConfig, next_token
 from .slots import ResolvedSlave, Slave
 
 TIMINGS = ("prefix", "live")
+_OPEN: dict[int, "FusedModel"] = {}
+"""id(master.model) -> the FusedModel currently installed on it."""
+
+
+def open_fusion(lm: LM) -> "FusedModel | None":
+    """The FusedModel installed on `lm` (as master), if any."""
+    return _OPEN.get(id(lm.model))
 
 
 @dataclass
@@ -56,6 +63,7 @@ class FusedModel:
         for i, rt in self._runtimes.items():
             att.register(attn_module(master.model, i), rt)
         master.model.set_attn_implementation(att.install_interface(self._base))
+        _OPEN[id(master.model)] = self
         self._open = True
         self.last_text: str | None = None
 
@@ -67,6 +75,7 @@ class FusedModel:
         for i in self._runtimes:
             att.unregister(attn_module(self.master.model, i))
         self.master.model.set_attn_implementation(self._base)
+        _OPEN.pop(id(self.master.model), None)
         self._open = False
 
     def __enter__(self) -> "FusedModel":
@@ -190,37 +199,50 @@ class FusedModel:
         return self._forward(seq, ids)
 
     @torch.inference_mode()
+    def prefill(self, prompt: str | torch.Tensor, max_new_tokens: int = 0, chat: bool = False
+                ) -> tuple[Sequence, torch.Tensor, torch.Tensor]:
+        """Slaves read the prompt, slots are placed, the master reads it: (sequence, prompt ids, last logits)."""
+        self._check_open()
+        ids, text = self.encode(prompt, chat=chat)
+        self._check_length(ids.shape[1] + max_new_tokens)
+        seq = self._new_sequence(ids, text, ids.shape[1], ids.shape[1] + max_new_tokens)
+        return seq, ids, self._forward(seq, ids, logits_to_keep=1)[:, -1]
+
+    @torch.inference_mode()
+    def decode_one_token(self, seq: Sequence, token: torch.Tensor) -> torch.Tensor:
+        """Feed one token (1, 1) at the next position; returns the next logits (1, V)."""
+        if self.timing == "live":
+            self._live_step(seq, token, seq.length)
+        return self._forward(seq, token, logits_to_keep=1)[:, -1]
+
+    @torch.inference_mode()
     def generate(self, prompt: str | torch.Tensor, max_new_tokens: int = 32, do_sample: bool = False,
                  temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None,
                  eos_token_id: int | list[int] | None = None, chat: bool = False) -> str | torch.Tensor:
         """Like HF generate (greedy or sampling). A string in -> the new text out; ids in -> all ids out."""
-        self._check_open()
-        ids, text = self.encode(prompt, chat=chat)
-        self._check_length(ids.shape[1] + max_new_tokens)
         cfg = SamplingConfig(do_sample, temperature, top_p, seed)
         eos = _eos_ids(self.master, eos_token_id)
-        seq = self._new_sequence(ids, text, ids.shape[1], ids.shape[1] + max_new_tokens)
-        logits = self._forward(seq, ids, logits_to_keep=1)
+        seq, ids, logits = self.prefill(prompt, max_new_tokens, chat=chat)
         new: list[int] = []
         for _ in range(max_new_tokens):
-            tok = next_token(logits[:, -1], cfg)  # (1, 1)
+            tok = next_token(logits, cfg)  # (1, 1)
             new.append(int(tok))
             if int(tok) in eos or len(new) == max_new_tokens:
                 break
-            if self.timing == "live":
-                self._live_step(seq, tok, seq.length)
-            logits = self._forward(seq, tok, logits_to_keep=1)
-        out_ids = torch.tensor([new], device=ids.device, dtype=ids.dtype)
+            logits = self.decode_one_token(seq, tok)
         if isinstance(prompt, str):
             self.last_text = self.master.tokenizer.decode(new, skip_special_tokens=True)
             return self.last_text
-        return torch.cat([ids, out_ids], dim=1)
+        return torch.cat([ids, torch.tensor([new], device=ids.device, dtype=ids.dtype)], dim=1)
 
     # --- introspection ------------------------------------------------------------------------------------
     @contextmanager
     def recording(self, recorder: Any, layers: list[int] | None = None) -> Iterator[None]:
-        """Call `recorder(layer, probs (B, H, Q, N), key_pos (N,), key_src (N,))` from inside attention;
-        key_src is -1 for the master's own keys, else the slave index. Recorded layers run eager math."""
+        """Call `fn(layer, probs (B, H, Q, N), key_pos (N,), key_src (N,), query_pos (Q,), heads)` from inside
+        attention (key_src -1 = the master's own keys, else the slave index). A plain function records every
+        query with reference eager math; pass an attention.Recorder to choose rows/heads and keep fast paths."""
+        if not isinstance(recorder, att.Recorder):
+            recorder = att.Recorder(recorder, reference=True)
         chosen = list(self._runtimes) if layers is None else layers
         for i in chosen:
             if i not in self._runtimes:

@@ -12,7 +12,7 @@ from conftest import TEXT, TINY_NAMES, master_logits
 
 def record(f, ids, layers=None, prompt_len=None):
     rows = []
-    with f.recording(lambda layer, p, kp, ks: rows.append((layer, p.clone(), kp.clone(), ks.clone())), layers):
+    with f.recording(lambda layer, p, kp, ks, *_: rows.append((layer, p.clone(), kp.clone(), ks.clone())), layers):
         f(ids, prompt_len=prompt_len)
     return rows
 
