@@ -73,6 +73,15 @@ def cmd_ledger(_: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_align(args: argparse.Namespace) -> int:
+    from .alignment import check_alignment
+    from .zoo import load
+
+    rep = check_alignment(load(args.master), load(args.slave))
+    print(rep)
+    return 0 if rep.ok else 1
+
+
 def kv_config(name: str):
     """A config for `fusionlab kv`: a JSON file, a tiny name, or any loadable model (config only)."""
     import json
@@ -121,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     lab.add_argument("--full", action="store_true", help="full grids (hours on CPU)")
     lab.set_defaults(fn=cmd_lab)
     sub.add_parser("ledger", help="regenerate the README claims table from saved results").set_defaults(fn=cmd_ledger)
+    a = sub.add_parser("align", help="alignment preflight: can SLAVE be fused into MASTER, and with which adapters")
+    a.add_argument("master")
+    a.add_argument("slave")
+    a.set_defaults(fn=cmd_align)
     k = sub.add_parser("kv", help="KV-cache budget of a model at a context length")
     k.add_argument("model", help="embedded or tiny name, model directory, HF id, or config .json")
     k.add_argument("--seq", type=int, default=32768)

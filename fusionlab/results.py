@@ -106,6 +106,12 @@ def bench_markdown(folder: Path = BENCH) -> str:
              f"{r['slave_prefill_s']:.2f} s)", "<= 1.10"),
             ("TTFT warm / cold (fresh process)", f"{r['ttft_warm_over_cold']:.2f} ({t['cold_s']:.2f} s -> "
              f"{t['warm_median_s']:.2f} s)", "blog: 3.2 s -> 0.78 s (0.24)")]
+    att = folder / "attention.json"
+    if att.exists():
+        a = json.loads(att.read_text())
+        rows.append((f"capture aggregated attention, all layers ({a['tokens']} tokens) / plain sdpa forward",
+                     f"{a['capture_over_plain']:.2f} (HF eager output_attentions: {a['hf_eager_over_plain']:.2f})",
+                     "<= 1.5"))
     lines = ["| measure | measured | target |", "|---|---|---|"] + [f"| {a} | {b} | {c} |" for a, b, c in rows]
     lines.append(f"\nmedians of {r['reps']} interleaved repetitions, torch {r['torch']}, {r['threads']} threads.")
     return "\n".join(lines)
