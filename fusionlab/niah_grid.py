@@ -1,0 +1,165 @@
+"""NIAH grid runner: (setting x length x depth x needle) cells, a resumable on-disk cache, the analyses.
+
+One model build per setting (the slave is loaded, used for all its cells, then freed); every finished cell
+is appended to a JSONL cache at once, so an interrupted run resumes where it stopped.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+
+from .fuse import FusedModel
+from .lm import LM
+from .niah import Needle, build_context, load_haystack, prompt_for, score
+from .stats import wilson
+
+CACHE = Path(__file__).resolve().parent.parent / "data" / "results" / "cache"
+
+
+@dataclass
+class Setting:
+    """A named way to answer: `build()` returns an open FusedModel (no slaves = the master alone)."""
+
+    name: str
+    build: Callable[[], FusedModel]
+    key: str
+    """Everything that changes its answers (models, RoPE variant, mode, projector), for the cache key."""
+
+
+def cell_key(setting: Setting, needle: Needle, length: int, depth: float, haystack: str, max_new: int) -> str:
+    raw = json.dumps([setting.key, needle.id, needle.needle, length, depth,
+                      hashlib.sha256(haystack.encode()).hexdigest()[:16], max_new])
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def _read_cache(path: Path) -> dict[str, dict[str, Any]]:
+    if not path.exists():
+        return {}
+    return {r["key"]: r for r in map(json.loads, path.read_text(encoding="utf-8").splitlines()) if r}
+
+
+def run_grid(master: LM, settings: list[Setting], needles: list[Needle], lengths: list[int], depths: list[float],
+             haystacks: dict[str, str], cache: Path = CACHE / "niah.jsonl", max_new_tokens: int = 24) -> pd.DataFrame:
+    """Run every missing cell (tqdm shows progress) and return all requested cells as a DataFrame."""
+    from tqdm.auto import tqdm
+
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    done = _read_cache(cache)
+    texts = {lang: load_haystack(name) for lang, name in haystacks.items()}
+    rows, skipped = [], []
+    for st in settings:
+        cells = []
+        for nd in needles:
+            for n in lengths:
+                for d in depths:
+                    key = cell_key(st, nd, n, d, texts[nd.lang], max_new_tokens)
+                    cells.append((nd, n, d, key))
+        todo = [c for c in cells if c[3] not in done]
+        if todo:
+            fused = st.build()
+            try:
+                for nd, n, d, key in tqdm(todo, desc=st.name, leave=False):
+                    try:
+                        context, _ = build_context(master.tokenizer, texts[nd.lang], nd, n, d,
+                                                   max_positions=master.spec.max_positions)
+                    except ValueError as e:  # haystack too short for this length: recorded, not fatal
+                        skipped.append({"setting": st.name, "needle": nd.id, "length": n, "reason": str(e)})
+                        continue
+                    answer = fused.generate(prompt_for(master, context, nd), max_new_tokens=max_new_tokens)
+                    rec = {"key": key, "setting": st.name, "needle": nd.id, "lang": nd.lang, "length": n,
+                           "depth": d, "answer": answer, **score(answer, nd)}
+                    with cache.open("a", encoding="utf-8") as f:
+                        f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                    done[key] = rec
+            finally:
+                fused.close()
+        rows += [done[c[3]] for c in cells if c[3] in done]
+    df = pd.DataFrame(rows)
+    df.attrs["skipped"] = skipped
+    return df
+
+
+def accuracy_grid(df: pd.DataFrame, setting: str) -> pd.DataFrame:
+    """depth x length accuracy for one setting (the classic NIAH heatmap)."""
+    d = df[df["setting"] == setting].assign(correct=lambda x: x["label"] == "correct")
+    return d.pivot_table(index="depth", columns="length", values="correct", aggfunc="mean")
+
+
+def rates(df: pd.DataFrame, by: list[str] = ["setting", "length"]) -> pd.DataFrame:  # noqa: B006
+    """Accuracy, hallucination (wrong) and abstain rates with Wilson 95% intervals."""
+    out = []
+    for keys, g in df.groupby(by):
+        n = len(g)
+        row = dict(zip(by, keys if isinstance(keys, tuple) else (keys,)), n=n)
+        for label in ("correct", "wrong", "abstain"):
+            k = int((g["label"] == label).sum())
+            lo, hi = wilson(k, n)
+            row.update({label: k / n, f"{label}_lo": lo, f"{label}_hi": hi})
+        row["distractor"] = int(g["distractor"].sum())
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def effective_length(df: pd.DataFrame, threshold: float = 0.8) -> pd.DataFrame:
+    """Per setting: the longest tested length whose accuracy is >= threshold (and the grid it was read from)."""
+    r = rates(df)
+    rows = []
+    for setting, g in r.groupby("setting"):
+        ok = g[g["correct"] >= threshold]["length"]
+        rows.append({"setting": setting, "effective_length": int(ok.max()) if len(ok) else 0,
+                     "grid_max": int(g["length"].max()), "threshold": threshold,
+                     "lengths": sorted(g["length"].tolist())})
+    return pd.DataFrame(rows)
+
+
+def heatmaps(df: pd.DataFrame, settings: list[str]) -> Any:
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    fig, axes = plt.subplots(1, len(settings), figsize=(3.2 * len(settings), 2.8), squeeze=False)
+    for ax, st in zip(axes[0], settings):
+        sns.heatmap(accuracy_grid(df, st), vmin=0, vmax=1, cmap="RdYlGn", annot=True, fmt=".2f", cbar=False, ax=ax)
+        ax.set_title(st, fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def rope_settings(master: LM, variants: list[dict[str, Any]], cross: LM | None = None,
+                  matched: bool = True) -> list[Setting]:
+    """single; fused with an exact copy (matched); for each RoPE variant of the master, naive post-RoPE vs
+    re-rotated keys (concat, every layer); optionally a cross-model slave with a fitted projector."""
+    from .failures import rope_variant
+    from .fit import fit_lstsq
+    from .fuse import fuse
+    from .slots import Slave
+    from .zoo import load
+
+    fp = master.fingerprint[:12]
+    out = [Setting("single", lambda: fuse(master, []), f"single|{fp}")]
+    if matched:
+        out.append(Setting("fused, matched RoPE",
+                           lambda: fuse(master, [Slave(load(master.name), layer_map="identity")]), f"matched|{fp}"))
+    for v in variants:
+        label = (f"θ×{v.get('theta_factor', 1):g}" if "scaling" not in v
+                 else f"{v['scaling']['rope_type']} ×{v['scaling']['factor']:g}")
+        for rope, how in (("slave", "naive"), ("master", "re-rotated")):
+            out.append(Setting(f"{label}, {how}", lambda v=v, rope=rope: fuse(master, [
+                Slave(rope_variant(master.name, **v), layer_map="identity", rope=rope)]),
+                f"variant|{fp}|{json.dumps(v, sort_keys=True)}|{rope}"))
+    if cross is not None:
+        proj: dict[str, Any] = {}
+
+        def build_cross(rope: str) -> FusedModel:
+            proj.setdefault("p", fit_lstsq(master, cross))
+            p = proj["p"]
+            return fuse(master, [Slave(cross, layer_map=p.layer_map, projector=p, align="mean", rope=rope)])
+
+        for rope, how in (("slave", "naive"), ("master", "re-rotated")):
+            out.append(Setting(f"+{cross.name.split('-')[0]}, {how}", lambda rope=rope: build_cross(rope),
+                               f"cross|{fp}|{cross.fingerprint[:12]}|{rope}"))
+    return out

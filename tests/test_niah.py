@@ -1,0 +1,74 @@
+"""NIAH harness: insertion position, token counts, scoring rules, resume, bad input."""
+from __future__ import annotations
+
+import pytest
+
+import fusionlab as fl
+from fusionlab import niah
+from fusionlab.errors import FusionLabError
+from fusionlab.niah_grid import Setting, effective_length, rates, run_grid
+from fusionlab.tiny import tiny_tokenizer
+
+HAY = " ".join(f"Sentence number {i} talks about rivers, bread and lighthouses." for i in range(400))
+NEEDLE = niah.load_needles()[0]
+
+
+@pytest.mark.parametrize("depth", [0, 25, 50, 75, 100])
+def test_needle_at_depth_on_a_sentence_boundary(depth):
+    tok = tiny_tokenizer(True)
+    ctx, at = niah.build_context(tok, HAY, NEEDLE, 3000, depth)
+    assert at >= 0 and ctx.count(NEEDLE.needle) == 1 and ctx.count(NEEDLE.distractor) == 1
+    assert abs(at / len(ctx) - depth / 100) < 0.06
+    assert at == 0 or ctx[:at].rstrip().endswith(".")  # placed after a full sentence
+    assert abs(niah.n_tokens(tok, ctx) - 3000) <= 6
+
+
+def test_scoring_rules_on_hand_made_answers():
+    nd = NEEDLE
+    assert niah.score("They picked Lisbon.", nd)["label"] == "correct"
+    assert niah.score("LISBON, for its harbour", nd)["label"] == "correct"
+    assert niah.score("The document does not say which city.", nd)["label"] == "abstain"
+    assert niah.score("It is not mentioned in the text.", nd)["label"] == "abstain"
+    assert niah.score("Madrid.", nd) == {"label": "wrong", "distractor": False}
+    assert niah.score("Porto was chosen.", nd) == {"label": "wrong", "distractor": True}
+    zh = niah.load_needles()[4]
+    assert niah.score("杭州。", zh)["label"] == "correct"
+    assert niah.score("文中没有提到。", zh)["label"] == "abstain"
+    assert niah.score("苏州", zh) == {"label": "wrong", "distractor": True}
+
+
+def test_bad_input():
+    tok = tiny_tokenizer()
+    with pytest.raises(FusionLabError, match="depth must be within 0-100"):
+        niah.build_context(tok, HAY, NEEDLE, 500, 120)
+    with pytest.raises(FusionLabError, match="exceeds the model's max positions 512"):
+        niah.build_context(tok, HAY, NEEDLE, 600, 50, max_positions=512)
+    with pytest.raises(FusionLabError, match="needs .* tokens, more than the context of 50"):
+        niah.build_context(tok, HAY, NEEDLE, 50, 50)
+    with pytest.raises(FusionLabError, match="haystack has only .* too short"):
+        niah.build_context(tok, "Short. Text.", NEEDLE, 400, 50)
+    with pytest.raises(FusionLabError, match="haystack 'nope' not found"):
+        niah.load_haystack("nope")
+
+
+def test_grid_runs_scores_and_resumes(tiny, tmp_path, monkeypatch):
+    m = tiny("tiny-qwen2")
+    hay = tmp_path / "hay.txt"
+    hay.write_text(HAY)
+    builds = []
+
+    def build():
+        builds.append(1)
+        return fl.fuse(m, [])
+
+    st = Setting("single", build, "tiny-qwen2")
+    args = dict(needles=[NEEDLE], lengths=[200, 300], depths=[10, 90], haystacks={"en": str(hay)},
+                cache=tmp_path / "c.jsonl", max_new_tokens=4)
+    df = run_grid(m, [st], **args)
+    assert len(df) == 4 and set(df["label"]) <= {"correct", "wrong", "abstain"} and builds == [1]
+    again = run_grid(m, [st], **args)  # everything cached: no model build, same rows
+    assert builds == [1] and again["answer"].tolist() == df["answer"].tolist()
+    r = rates(df)
+    assert (r["n"] == 2).all() and r[["correct", "wrong", "abstain"]].sum(axis=1).round(6).eq(1).all()
+    eff = effective_length(df.assign(label="correct"))
+    assert eff["effective_length"].iloc[0] == 300 and eff["grid_max"].iloc[0] == 300
