@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import pandas as pd
 
+from .errors import FusionLabError
 from .fuse import FusedModel
 from .lm import LM
 from .niah import Needle, build_context, load_haystack, prompt_for, score
@@ -67,7 +68,9 @@ def run_grid(master: LM, settings: list[Setting], needles: list[Needle], lengths
                     try:
                         context, _ = build_context(master.tokenizer, texts[nd.lang], nd, n, d,
                                                    max_positions=master.spec.max_positions)
-                    except ValueError as e:  # haystack too short for this length: recorded, not fatal
+                    except FusionLabError as e:  # only a haystack too short for this length is skippable
+                        if "too short" not in str(e):
+                            raise
                         skipped.append({"setting": st.name, "needle": nd.id, "length": n, "reason": str(e)})
                         continue
                     answer = fused.generate(prompt_for(master, context, nd), max_new_tokens=max_new_tokens)
