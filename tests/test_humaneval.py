@@ -25,6 +25,8 @@ def test_checker_scores_right_wrong_hang_and_crash():
     assert res["passed"].tolist() == [False] and res["result"].iloc[0] == "timed out"
     res = he.check(gens.iloc[[3]], timeout=2)
     assert res["passed"].tolist() == [False]
+    both = he.check(pd.concat([gens.iloc[[0, 1]], gens.iloc[[0]].assign(setting="t")]), timeout=2)  # same task twice
+    assert len(both) == 3 and both["passed"].tolist() == [True, False, True]
 
 
 def test_mcnemar_and_subset():
