@@ -11,6 +11,7 @@ A concat gate g adds log(g) to the slots' scores (g = 0 hides them: the master i
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -59,6 +60,14 @@ def install_interface(base: str) -> str:
     AttentionInterface.register(name, fusion_attention)
     AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base])
     return name
+
+
+def base_attention(module: Any, name: str) -> Callable[..., Any]:
+    """The master's own attention function: registered ones by name; 'eager' is each model file's own
+    `eager_attention_forward` (transformers registers no 'eager' entry)."""
+    if name in ALL_ATTENTION_FUNCTIONS:
+        return ALL_ATTENTION_FUNCTIONS[name]
+    return sys.modules[type(module).__module__].eager_attention_forward
 
 
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
@@ -234,7 +243,7 @@ def fusion_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
                              "call model.set_attn_implementation('sdpa') or fuse() again.")
     inject = rt.active and bool(rt.injections)  # injections only inside the FusedModel's own passes
     if not inject and rt.recorder is None:
-        return ALL_ATTENTION_FUNCTIONS[rt.base](module, query, key, value, attention_mask, scaling=scaling,
+        return base_attention(module, rt.base)(module, query, key, value, attention_mask, scaling=scaling,
                                                 dropout=dropout, **kw)
     if query.shape[0] != 1:
         raise FusionLabError(f"fused / recorded attention supports batch size 1, got {query.shape[0]}.")
@@ -243,7 +252,7 @@ def fusion_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
         _apply_edits(rt, key, value, q_pos)
     joint = rt.joint if inject else None
     if rt.recorder is None and joint is None:
-        return ALL_ATTENTION_FUNCTIONS[rt.base](module, query, key, value, attention_mask, scaling=scaling,
+        return base_attention(module, rt.base)(module, query, key, value, attention_mask, scaling=scaling,
                                                 dropout=dropout, **kw)
     k_all, v_all, k_pos, k_src, bias, windowed = _joint(joint, key, value, q_pos)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5

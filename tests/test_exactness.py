@@ -161,3 +161,16 @@ def test_generate_stop_strings(tiny):
         stop = full[2:4]
         cut = f.generate(TEXT, max_new_tokens=30, stop=[stop])
     assert cut == full[: full.find(stop)] and stop not in cut
+
+
+@pytest.mark.parametrize("name", TINY_NAMES)
+def test_eager_master_anchors(name):
+    m = fl.load(name, attn_implementation="eager")
+    s = fl.load(name, attn_implementation="eager")  # same kernels on both sides: exact up to rounding
+    ids = m.encode(TEXT)
+    ref = master_logits(m, ids)
+    with fl.fuse(m, [fl.Slave(s, mode="concat")], timing="live") as f:
+        assert (f(ids) - ref).abs().max() <= 1e-3
+    with fl.fuse(m, [fl.Slave(s, mode="replace")]) as f:
+        assert torch.allclose(f(ids), ref, atol=1e-5, rtol=0)
+    assert m.model.config._attn_implementation == "eager"

@@ -88,3 +88,21 @@ def test_readme_api_example_runs():
 def test_models_list():
     df = fl.models.list()
     assert set(df["name"]) >= {QWEN, SMOL, GEMMA, "tiny-qwen2"} and df.loc[df["name"] == QWEN, "installed"].item()
+
+
+def test_qwen_theta_shifted_layer0_and_masks(qwen):
+    from fusionlab.failures import rope_variant
+
+    s = rope_variant(QWEN, theta_factor=4.0)
+    ids = qwen.encode(PROMPT)
+    ref = master_logits(qwen, ids)
+    with fl.fuse(qwen, [fl.Slave(s, layer_map={0: 0}, mode="replace", rope="master")]) as f:
+        assert torch.allclose(f(ids), ref, atol=1e-4, rtol=0)
+    with fl.fuse(qwen, [fl.Slave(s, layer_map={0: 0}, mode="replace", rope="slave")]) as f:
+        assert (f(ids) - ref).abs().max() > 0.1
+    rows = []
+    with fl.fuse(qwen, [fl.Slave(s, mode="concat")]) as f:
+        with f.recording(lambda layer, p, kp, ks, *_: rows.append((p, kp)), layers=[0, 23]):
+            f(ids)
+    for probs, k_pos in rows:
+        assert probs[0][:, k_pos[None, :] > torch.arange(ids.shape[1])[:, None]].abs().sum() == 0

@@ -141,3 +141,38 @@ def test_fast_paths_equal_the_masked_reference(tiny, name, timing, gate):
     assert (fast_prefill - ref_prefill).abs().max() < 1e-4
     assert (fast_decode - ref_decode).abs().max() < 1e-4
     assert (ref_prefill - master_logits(m, ids)).abs().max() > 1e-3  # the slave really changed something
+
+
+def test_bus_of_all_four_architectures(tiny):
+    """One master, three slaves that differ in tokenizer, layers, KV heads, head_dim and RoPE."""
+    m = tiny("tiny-qwen2")
+    llama, phi3, gemma = tiny("tiny-llama"), tiny("tiny-phi3"), tiny("tiny-gemma3")
+    proj = fl.fit_lstsq(m, gemma, texts=[TEXT, "more text, 更多文字", "def f(x): return x"], holdout_every=0)
+    slaves = [fl.Slave(llama, projector="heads", align="mean"), fl.Slave(phi3, projector="heads"),
+              fl.Slave(gemma, layer_map=proj.layer_map, projector=proj, align="first")]
+    ids = m.encode(TEXT)
+    ref = master_logits(m, ids)
+    with fl.fuse(m, slaves) as f:
+        out = f(TEXT)
+        assert torch.isfinite(out).all() and (out - ref).abs().max() > 1e-3
+        assert len(f.describe()) == 3 and all(v > 0 for v in f.slot_bytes().values())
+        rows = record(f, TEXT)
+        assert {int(s) for _, _, _, src in rows for s in src.unique()} == {-1, 0, 1, 2}
+        for layer, probs, k_pos, _ in rows:
+            assert probs[0][:, k_pos[None, :] > torch.arange(ids.shape[1])[:, None]].abs().sum() == 0, layer
+    for s in slaves:
+        s.gate = 0.0
+    with fl.fuse(m, slaves) as f:
+        assert torch.allclose(f(TEXT), ref, atol=1e-5, rtol=0)
+    assert torch.equal(master_logits(m, ids), ref)
+
+
+def test_slave_tokenizer_without_offsets_is_refused(tiny):
+    from fusionlab.align import align_tokens
+    from fusionlab.errors import FusionLabError
+
+    class Slow:
+        is_fast = False
+
+    with pytest.raises(FusionLabError, match="not a fast tokenizer.*character offsets"):
+        align_tokens(tiny("tiny-qwen2").tokenizer, Slow(), "text", "mean")
