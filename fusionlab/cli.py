@@ -63,7 +63,9 @@ def cmd_lab(args: argparse.Namespace) -> int:
     from .results import write_ledger
     from .runner import run_all
 
-    times = run_all(full=args.full)
+    from .util import full
+
+    times = run_all(full=args.full or full())  # `lab --full` or FUSIONLAB_FULL=1
     write_ledger()
     print("notebook times:", ", ".join(f"{n} {t:.0f}s" for n, t in times))
     return 0

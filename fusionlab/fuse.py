@@ -15,6 +15,7 @@ import torch
 from transformers import DynamicCache
 
 from . import attention as att
+from .align import identity_alignment
 from .arch import attn_module
 from .errors import FusionLabError
 from .lm import LM
@@ -155,16 +156,13 @@ class FusedModel:
     def _live_step(self, seq: Sequence, token: torch.Tensor, pos: int) -> None:
         """Live timing: each slave reads the new token; its slot at `pos` exists before the master reads it."""
         p = torch.tensor([pos], device=self.master.device)
+        one = identity_alignment(1, p.device)  # live slaves share the master's tokens
         for si, s in enumerate(self.slaves):
             cap = s.capture(token.to(s.lm.device), cache=seq.slave_caches[si], positions=p.to(s.lm.device))
-            al_pos = p
-            from .align import identity_alignment
-
-            al = identity_alignment(1, p.device)
             for i in s.layer_map.pairs:
                 inj = next((x for x in self._runtimes[i].injections if x.slave == si), None)
                 if inj is not None:
-                    inj.append(*s.to_master(self.master, cap, al, i, al_pos), al_pos)
+                    inj.append(*s.to_master(self.master, cap, one, i, p), p)
 
     # --- forward ----------------------------------------------------------------------------------------
     @torch.inference_mode()
