@@ -185,10 +185,13 @@ def _query_positions(kw: dict[str, Any], key: torch.Tensor, query: torch.Tensor)
 def _probs(query: torch.Tensor, k: torch.Tensor, bias: torch.Tensor, scale: float,
            softcap: float | None) -> torch.Tensor:
     """softmax(q k^T * scale + bias) in float32. query (B, h, q, D); k (B, h, N, D); bias (q, N)."""
-    scores = (query @ k.transpose(-1, -2)) * scale
+    scores = torch.matmul(query.float(), k.float().transpose(-1, -2))  # (B, h, q, N), one allocation
     if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
-    return torch.softmax(scores.float() + bias.float(), dim=-1)
+        scores.mul_(scale / softcap).tanh_().mul_(softcap)
+    else:
+        scores.mul_(scale)
+    scores.add_(bias.float())  # scale and bias in place: one (q x N) buffer besides softmax's own
+    return torch.softmax(scores, dim=-1)
 
 
 def _fast_output(rt: LayerRuntime, joint: JointBuffer | None, query: torch.Tensor, key: torch.Tensor,
