@@ -99,7 +99,8 @@ def test_qwen_theta_shifted_layer0_and_masks(qwen):
     with fl.fuse(qwen, [fl.Slave(s, layer_map={0: 0}, mode="replace", rope="master")]) as f:
         assert torch.allclose(f(ids), ref, atol=1e-4, rtol=0)
     with fl.fuse(qwen, [fl.Slave(s, layer_map={0: 0}, mode="replace", rope="slave")]) as f:
-        assert (f(ids) - ref).abs().max() > 0.1
+        # one naive layer on a 15-token prompt moves logits by ~0.08: 100x the re-rotated path's tolerance
+        assert (f(ids) - ref).abs().max() > 1e-2
     rows = []
     with fl.fuse(qwen, [fl.Slave(s, mode="concat")]) as f:
         with f.recording(lambda layer, p, kp, ks, *_: rows.append((p, kp)), layers=[0, 23]):
