@@ -165,14 +165,18 @@ class Recorder:
     """What an attention capture wants from inside the attention computation."""
 
     fn: Callable[..., None]
-    """fn(layer, probs (B, H_sel, q, N), key_pos (N,), key_src (N,), query_pos (q,), heads)."""
+    """fn(layer, probs (B, H_sel, q, N' <= N), key_pos (N,), key_src (N,), query_pos (q,), heads); keys past N'
+    have probability exactly 0 (see `trim`)."""
     rows: Callable[[torch.Tensor], torch.Tensor | None] = lambda q_pos: None
     """Query positions (Q,) -> row indices to record (None = all rows)."""
     heads: list[int] | None = None
     reference: bool = False
     """True: the layer's output is computed from the recorded probabilities (eager math, all rows)."""
-    chunk: int = 512
+    chunk: int = 256
     """Query rows per chunk, bounding memory at chunk x N x H floats."""
+    trim: bool = False
+    """True: on an unfused layer, compute only the keys a chunk's queries can see (N' <= N): the keys cut are
+    exactly zero-probability future positions. For aggregating recorders; full maps keep every key."""
 
 
 def _query_positions(kw: dict[str, Any], key: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
@@ -216,23 +220,34 @@ def _fast_output(rt: LayerRuntime, joint: JointBuffer | None, query: torch.Tenso
     return (probs.to(query.dtype) @ repeat_kv(v_all, n_rep)).transpose(1, 2).contiguous()
 
 
+def _visible_prefix(k_pos: torch.Tensor, k_src: torch.Tensor, q_last: int) -> int:
+    """Keys [0, n) that a query at position q_last may see, when all keys are the master's own keys in
+    position order (an unfused layer); later keys are causally masked. len(k_pos) otherwise."""
+    if bool((k_src != -1).any()):
+        return k_pos.numel()
+    return int(torch.searchsorted(k_pos, torch.tensor([q_last], device=k_pos.device), right=True))
+
+
 def _record(rec: Recorder, layer: int, query: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor,
             k_pos: torch.Tensor, k_src: torch.Tensor, q_pos: torch.Tensor, bias: torch.Tensor, scale: float,
-            softcap: float | None) -> torch.Tensor | None:
-    """Probabilities for the recorder's rows and heads only, in chunks; with `reference`, also the output."""
+            softcap: float | None, with_output: bool) -> torch.Tensor | None:
+    """Probabilities for the recorder's rows and heads only, in chunks; with_output (every row and head
+    recorded) also returns the layer output probs @ V, so no separate attention call is needed."""
     n_rep = query.shape[1] // k_all.shape[1]
-    heads = rec.heads if rec.heads is not None and not rec.reference else list(range(query.shape[1]))
+    heads = list(range(query.shape[1])) if with_output or rec.heads is None else rec.heads
     h_idx = torch.tensor(heads, device=query.device)
     k_sel, v_sel = k_all.index_select(1, h_idx // n_rep), v_all.index_select(1, h_idx // n_rep)
-    rows = None if rec.reference else rec.rows(q_pos)
+    rows = None if with_output else rec.rows(q_pos)
     rows = torch.arange(q_pos.numel(), device=q_pos.device) if rows is None else rows
-    out = torch.empty_like(query) if rec.reference else None
+    out = torch.empty_like(query) if with_output else None
+    q_sel = query if len(heads) == query.shape[1] else query[:, h_idx]
     for start in range(0, rows.numel(), rec.chunk):
         r = rows[start:start + rec.chunk]
-        probs = _probs(query[:, h_idx][:, :, r], k_sel, bias[r], scale, softcap)  # (B, h, q, N)
+        n = _visible_prefix(k_pos, k_src, int(q_pos[r].max())) if rec.trim else k_pos.numel()
+        probs = _probs(q_sel[:, :, r], k_sel[:, :, :n], bias[r, :n], scale, softcap)  # (B, h, q, n)
         rec.fn(layer, probs, k_pos, k_src, q_pos[r], heads)
         if out is not None:
-            out[:, :, r] = probs.to(query.dtype) @ v_sel
+            out[:, :, r] = probs.to(query.dtype) @ v_sel[:, :, :n]
     return None if out is None else out.transpose(1, 2).contiguous()
 
 
@@ -268,10 +283,18 @@ def fusion_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
         return cache["b"]
 
     rec = rt.recorder
-    if rec is not None and rec.reference:
-        return _record(rec, rt.layer, query, k_all, v_all, k_pos, k_src, q_pos, scores_bias(), scale,
-                       kw.get("softcap")), None
-    out = _fast_output(rt, joint, query, key, value, k_all, v_all, q_pos, scores_bias, scale, kw)
     if rec is not None:
-        _record(rec, rt.layer, query, k_all, v_all, k_pos, k_src, q_pos, scores_bias(), scale, kw.get("softcap"))
+        every = rec.reference or ((rec.heads is None or len(rec.heads) == query.shape[1])
+                                  and rec.rows(q_pos) is None and query.shape[2] > 1)
+        if every:  # one pass gives both the probabilities and the output
+            return _record(rec, rt.layer, query, k_all, v_all, k_pos, k_src, q_pos, scores_bias(), scale,
+                           kw.get("softcap"), with_output=True), None
+    if joint is None:  # recording an unfused layer: its output is the base backend's own, bit for bit
+        out = base_attention(module, rt.base)(module, query, key, value, attention_mask, scaling=scaling,
+                                               dropout=dropout, **kw)[0]
+    else:
+        out = _fast_output(rt, joint, query, key, value, k_all, v_all, q_pos, scores_bias, scale, kw)
+    if rec is not None:
+        _record(rec, rt.layer, query, k_all, v_all, k_pos, k_src, q_pos, scores_bias(), scale, kw.get("softcap"),
+                with_output=False)
     return out, None

@@ -61,8 +61,10 @@ class AttentionCapture:
                                      "fewer layers/heads/queries, or a larger max_full_bytes.")
             self.maps.append({"layer": layer, "query_pos": q_pos.cpu(), "key_pos": k_pos.cpu(),
                               "key_src": k_src.cpu(), "probs": p.float().cpu()})
+        mass = p.sum(1)  # (h, N'): a trimmed recorder computed only the first N' keys, the rest are 0
+        mass = torch.nn.functional.pad(mass, (0, k_pos.numel() - mass.shape[1]))  # (h, N)
         filled = k_pos < FAR  # unfilled live-capacity slots can never be attended
-        mass, k_pos, k_src = p.sum(1)[:, filled], k_pos[filled], k_src[filled]  # (h, N)
+        mass, k_pos, k_src = mass[:, filled], k_pos[filled], k_src[filled]
         own = k_src == -1
         self.own[layer] = _grow_add(self.own.get(layer), k_pos[own], mass[:, own])
         for s in k_src[~own].unique().tolist():
@@ -142,7 +144,7 @@ def capture_attention(target: LM | FusedModel, layers: Sequence[int] | None = No
         if keep not in KEEP:
             raise FusionLabError(f"keep must be one of {KEEP}, got {keep!r}.")
         cap = AttentionCapture(layers, heads, keep, max_full_bytes)
-        with fused.recording(Recorder(cap._on, rows=_rows(queries), heads=heads), layers):
+        with fused.recording(Recorder(cap._on, rows=_rows(queries), heads=heads, trim=keep == "aggregate"), layers):
             yield cap
     finally:
         if owned:

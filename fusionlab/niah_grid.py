@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -133,7 +133,7 @@ def heatmaps(df: pd.DataFrame, settings: list[str]) -> Any:
 
 
 def rope_settings(master: LM, variants: list[dict[str, Any]], cross: LM | None = None,
-                  matched: bool = True) -> list[Setting]:
+                  matched: bool = True, single: bool = True) -> list[Setting]:
     """single; fused with an exact copy (matched); for each RoPE variant of the master, naive post-RoPE vs
     re-rotated keys (concat, every layer); optionally a cross-model slave with a fitted projector."""
     from .failures import rope_variant
@@ -143,7 +143,7 @@ def rope_settings(master: LM, variants: list[dict[str, Any]], cross: LM | None =
     from .zoo import load
 
     fp = master.fingerprint[:12]
-    out = [Setting("single", lambda: fuse(master, []), f"single|{fp}")]
+    out = [Setting("single", lambda: fuse(master, []), f"single|{fp}")] if single else []
     if matched:
         out.append(Setting("fused, matched RoPE",
                            lambda: fuse(master, [Slave(load(master.name), layer_map="identity")]), f"matched|{fp}"))
@@ -166,3 +166,50 @@ def rope_settings(master: LM, variants: list[dict[str, Any]], cross: LM | None =
             out.append(Setting(f"+{cross.name.split('-')[0]}, {how}", lambda rope=rope: build_cross(rope),
                                f"cross|{fp}|{cross.fingerprint[:12]}|{rope}"))
     return out
+
+
+@dataclass
+class GridPlan:
+    """What one run size measures: a main grid (heatmaps, rates vs length) and an optional wider RoPE-variant
+    sweep at short lengths only (each 8K fused cell costs ~2 min on a 2-core CPU, so the sweep stays short)."""
+
+    lengths: list[int]
+    depths: list[float]
+    needles: list[str]
+    variants: list[dict[str, Any]]
+    cross: bool
+    max_new_tokens: int
+    sweep_variants: list[dict[str, Any]] = field(default_factory=list)
+    sweep_lengths: list[int] = field(default_factory=list)
+
+
+def plan(size: str) -> GridPlan:
+    """The grid for a run size ('quick' | 'default' | 'full'); full reuses every cached default cell."""
+    needles = ["en-city", "en-number", "zh-city"]
+    if size == "quick":
+        return GridPlan([512, 1024], [10, 90], ["en-city", "zh-city"], [{"theta_factor": 4.0}], False, 16)
+    if size == "default":
+        return GridPlan([1024, 2048], [10, 50, 90], needles, [{"theta_factor": 4.0}], True, 24)
+    if size == "full":
+        return GridPlan([1024, 2048, 4096, 8192], [10, 50, 90], needles,
+                        [{"theta_factor": 4.0}, {"scaling": {"rope_type": "linear", "factor": 2.0}}], True, 24,
+                        sweep_variants=[{"theta_factor": f} for f in (0.25, 0.5, 2.0)]
+                        + [{"scaling": {"rope_type": "dynamic", "factor": 2.0}}], sweep_lengths=[1024])
+    raise FusionLabError(f"unknown run size {size!r}: use 'quick', 'default' or 'full'")
+
+
+def run_plan(master: LM, p: GridPlan, cross: LM | None, haystacks: dict[str, str]) -> pd.DataFrame:
+    """Main grid, then the sweep (variants only; its baselines come from the main grid), as one DataFrame."""
+    from .niah import load_needles
+
+    needles = {n.id: n for n in load_needles()}
+    chosen = [needles[i] for i in p.needles]
+    main = run_grid(master, rope_settings(master, p.variants, cross), chosen, p.lengths, p.depths, haystacks,
+                    max_new_tokens=p.max_new_tokens)
+    if not p.sweep_variants:
+        return main
+    sweep = run_grid(master, rope_settings(master, p.sweep_variants, None, matched=False, single=False), chosen,
+                     p.sweep_lengths, p.depths, haystacks, max_new_tokens=p.max_new_tokens)
+    df = pd.concat([main, sweep], ignore_index=True)
+    df.attrs["skipped"] = main.attrs["skipped"] + sweep.attrs["skipped"]
+    return df

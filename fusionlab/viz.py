@@ -38,11 +38,12 @@ def model_record(lm: Any) -> dict[str, Any]:
 
 def save_figure(fig: Any, name: str, models: list[Any] | None = None, params: dict[str, Any] | None = None,
                 folder: Path | None = None) -> dict[str, Path]:
-    """Write `name`.pdf/.svg/.png and `name`.json (models + sha, version, git revision, parameters, date)."""
+    """Write `name`.pdf/.svg/.png and `name`.json (models + sha, version, git revision, parameters, date).
+    QUICK-mode figures go to the ignored figures/quick/, so a test run leaves the lab's figures alone."""
     from . import __version__
-    from .util import run_size
+    from .util import quick, run_size
 
-    folder = Path(folder or FIGURES)
+    folder = Path(folder or (FIGURES / "quick" if quick() else FIGURES))  # CI runs never overwrite real figures
     folder.mkdir(parents=True, exist_ok=True)
     paths = {fmt: folder / f"{name}.{fmt}" for fmt in FORMATS}
     for fmt, path in paths.items():

@@ -42,6 +42,54 @@ def test_aggregate_equals_sum_of_full_rows(tiny, name):
         assert agg.n_queries[layer] == 2
 
 
+@pytest.mark.parametrize("name", TINY_NAMES)
+def test_every_row_aggregate_computes_the_output_from_its_probabilities(tiny, name):
+    """All rows and heads: one pass gives probabilities and the layer output (no second attention call)."""
+    lm = tiny(name)
+    ids = lm.encode(TEXT)
+    ref_lm = fl.load(name, attn_implementation="eager")
+    with torch.no_grad():
+        ref = ref_lm.model(ids, output_attentions=True)
+        with capture_attention(lm) as agg:
+            out = lm.model(ids).logits
+    assert torch.allclose(out, ref.logits, atol=1e-4)
+    for layer in agg.layers:
+        assert torch.allclose(agg.mass(layer).float(), ref.attentions[layer][0].sum(1), atol=1e-5), layer
+        assert agg.n_queries[layer] == ids.shape[1]
+
+
+def test_partial_capture_leaves_the_output_bit_identical(tiny):
+    """Capturing some heads or rows of an unfused model: its output is the base backend's own, bit for bit."""
+    lm = tiny("tiny-llama")
+    ids = lm.encode(TEXT)
+    with torch.no_grad():
+        plain = lm.model(ids).logits
+        with capture_attention(lm, heads=[1], queries="last"):
+            captured = lm.model(ids).logits
+    assert torch.equal(plain, captured)
+
+
+def test_trimmed_keys_change_nothing(tiny):
+    """The aggregate skips causally masked future keys; the masses equal those over every key."""
+    from fusionlab.attention import Recorder
+    from fusionlab.attention_capture import AttentionCapture
+
+    lm = tiny("tiny-gemma3")  # sliding + global layers
+    ids = lm.encode(TEXT)
+    layers, heads = list(range(lm.spec.layers)), list(range(lm.spec.heads))
+    got = {}
+    with fl.fuse(lm, []) as f:
+        for trim in (False, True):
+            cap = AttentionCapture(layers, heads, "aggregate", 2**20)
+            rows = lambda q_pos: torch.tensor([3, 40, 41, 70])  # noqa: E731
+            with torch.no_grad(), f.recording(Recorder(cap._on, rows=rows, trim=trim, chunk=2)):
+                f(ids)
+            got[trim] = cap
+    for layer in layers:
+        assert got[True].own[layer].shape == got[False].own[layer].shape == (len(heads), ids.shape[1])
+        assert torch.allclose(got[True].own[layer], got[False].own[layer], atol=1e-7), layer
+
+
 def test_fused_capture_splits_own_and_slots(tiny):
     m, s = tiny("tiny-qwen2"), tiny("tiny-qwen2", fresh=True)
     with fl.fuse(m, [fl.Slave(s, layer_map={1: 1, 3: 3})], timing="live") as f:

@@ -70,3 +70,56 @@ def test_views(tiny):
     view = interactive_view(cap, labels)
     view.children[0].children[0].value = cap.layers[-1]  # layer picker redraws without error
     assert "<span" in view.children[1].value
+
+
+def test_answer_queries_equal_eager_attentions_over_the_generated_sequence(tiny):
+    """queries='answer': the mass from every query that produced an answer token (greedy) equals HF eager
+    attentions on the prompt + answer, read at the same rows."""
+    import torch
+
+    m = tiny("tiny-llama")
+    p = kwm.load_prompts()[0]
+    df = kwm.run_prompt(m, m, p, queries="answer", answer_tokens=5)
+    text = m.chat_prompt(p["prompt"])
+    ids = m.encode(text)
+    n = ids.shape[1]
+    with fl.fuse(m, []) as f:
+        full = f.generate(ids, max_new_tokens=5)  # (1, n + generated)
+    eager = fl.load("tiny-llama", attn_implementation="eager")
+    with torch.no_grad():
+        att = eager.model(full[:, :-1], output_attentions=True).attentions  # the last token is never fed
+    rows = list(range(n - 1, full.shape[1] - 1))
+    kw = sorted({q for ps in kwm.keyword_positions(m.tokenizer, text, p["keywords"], text.find(p["prompt"])).values()
+                 for q in ps})
+    got = df[df["tokens"] == "keyword"].set_index(["layer", "head"])["mass"]
+    assert (df["n_queries"] == len(rows)).all() and len(rows) > 1
+    for layer, a in enumerate(att):
+        want = a[0][:, rows][:, :, kw].sum(-1).mean(1)  # (H,)
+        assert torch.allclose(torch.tensor([got[(layer, h)] for h in range(a.shape[1])]).float(), want, atol=1e-5)
+
+
+def test_answer_queries_on_a_fused_model_and_bad_queries(tiny):
+    m, s = tiny("tiny-qwen2"), tiny("tiny-qwen2", fresh=True)
+    p = kwm.load_prompts()[-1]
+    with fl.fuse(m, [fl.Slave(s)]) as f:
+        df = kwm.run_prompt(f, m, p, source="all", queries="answer", answer_tokens=3)
+        assert df["mass"].between(0, 1).all() and (df["queries"] == "answer").all()
+        f(m.chat_prompt(p["prompt"]))  # the caller's fusion is still open and usable
+    with pytest.raises(FusionLabError, match="queries must be one of"):
+        kwm.run_prompt(m, m, p, queries="first")
+
+
+def test_keyword_claim_needs_a_keyword_specific_rise():
+    import pandas as pd
+
+    def summary(kw, ctrl):
+        return pd.DataFrame([{"setting": "s", "tokens": "keyword", "n_prompts": 40, "mean_ratio": kw[0],
+                              "ci_low": kw[1], "ci_high": kw[2]},
+                             {"setting": "s", "tokens": "control", "n_prompts": 40, "mean_ratio": ctrl[0],
+                              "ci_low": ctrl[1], "ci_high": ctrl[2]}])
+
+    assert kwm.keyword_claim(summary((2.4, 2.1, 2.7), (1.0, 0.9, 1.1))).verdict == "supported"
+    assert kwm.keyword_claim(summary((2.4, 2.1, 2.7), (2.6, 2.2, 3.0))).verdict == "not supported"  # all tokens rise
+    assert kwm.keyword_claim(summary((1.2, 1.0, 1.4), (1.0, 0.9, 1.1))).verdict == "not supported"
+    both = kwm.keyword_claim(summary((1.2, 1.0, 1.4), (1.0, 0.9, 1.1)), summary((2.4, 2.1, 2.7), (1.0, 0.9, 1.1)), 16)
+    assert both.verdict == "supported" and "16 answer tokens" in both.measured
