@@ -130,6 +130,29 @@ def loadtimes_markdown(folder: Path = BENCH) -> str:
     return "\n".join(lines)
 
 
+def best_table(stem: str, folder: Path = RESULTS) -> tuple[pd.DataFrame, str] | None:
+    """The saved table `stem`.<size>.csv from the largest run size available (full > default > quick)."""
+    for size in ("full", "default", "quick"):
+        f = folder / f"{stem}.{size}.csv"
+        if f.exists():
+            return pd.read_csv(f), size
+    return None
+
+
+def projector_markdown() -> str:
+    """Held-out R² of the lstsq projectors per slave (notebook 04's saved fit quality)."""
+    got = best_table("04_projector_r2")
+    if got is None:
+        return "_Not measured yet: run notebook 04._"
+    df, size = got
+    lines = ["| slave -> Qwen | mapped layers | median R² keys | median R² values | layers with R² keys < 0 |",
+             "|---|---|---|---|---|"]
+    for slave, g in df.groupby("slave"):
+        lines.append(f"| {slave} | {len(g)} | {g['r2_keys'].median():.2f} | {g['r2_values'].median():.2f} | "
+                     f"{int((g['r2_keys'] < 0).sum())} of {len(g)} |")
+    return "\n".join(lines) + f"\n\nfrom `data/results/04_projector_r2.{size}.csv` (held-out text, never used for fitting)."
+
+
 def write_ledger(readme: Path = ROOT / "README.md") -> str:
     """Regenerate the README's claims ledger (and benchmark / load-time tables) from saved results."""
     table = ledger_markdown(ledger())
@@ -139,4 +162,6 @@ def write_ledger(readme: Path = ROOT / "README.md") -> str:
         replace_block(readme, "bench", bench_markdown())
     if "<!-- loadtimes:begin -->" in text:
         replace_block(readme, "loadtimes", loadtimes_markdown())
+    if "<!-- projector:begin -->" in text:
+        replace_block(readme, "projector", projector_markdown())
     return table

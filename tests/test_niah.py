@@ -72,3 +72,25 @@ def test_grid_runs_scores_and_resumes(tiny, tmp_path, monkeypatch):
     assert (r["n"] == 2).all() and r[["correct", "wrong", "abstain"]].sum(axis=1).round(6).eq(1).all()
     eff = effective_length(df.assign(label="correct"))
     assert eff["effective_length"].iloc[0] == 300 and eff["grid_max"].iloc[0] == 300
+
+
+def test_niah_claim_rules():
+    import pandas as pd
+
+    from fusionlab.niah_claims import hallucination_claim, memory_claim
+
+    def rates(single, naive, n=6):
+        rows = []
+        for s, (w, lo, hi) in (("single", single), ("θ×4, naive", naive), ("θ×4, re-rotated", single)):
+            rows.append({"setting": s, "length": 8192, "n": n, "wrong": w, "wrong_lo": lo, "wrong_hi": hi})
+        rows.append({"setting": "single", "length": 1024, "n": n, "wrong": 0, "wrong_lo": 0, "wrong_hi": 0.3})
+        return pd.DataFrame(rows)
+
+    assert hallucination_claim(rates((0.1, 0.0, 0.2), (0.6, 0.4, 0.8))).verdict == "supported"
+    assert hallucination_claim(rates((0.1, 0.0, 0.2), (0.1, 0.0, 0.3), n=60)).verdict == "not supported"
+    c = hallucination_claim(rates((0.0, 0.0, 0.39), (0.17, 0.03, 0.56)))
+    assert c.verdict == "inconclusive" and c.measured.startswith("at 8192 tokens: single 0%")
+    eff = pd.DataFrame({"setting": ["single", "fused, matched RoPE"], "effective_length": [4096, 8192]})
+    r = rates((0.1, 0.0, 0.2), (0.1, 0.0, 0.2), n=12)
+    assert memory_claim(r, eff, [4096, 8192]).verdict == "supported"
+    assert memory_claim(r, eff.assign(effective_length=8192), [4096, 8192]).verdict == "inconclusive"

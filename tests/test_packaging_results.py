@@ -28,11 +28,14 @@ def test_environment_yml_matches_pyproject():
     assert got == want
 
 
-def test_notebooks_have_no_outputs():
+def test_notebooks_are_valid_and_have_no_outputs():
+    import nbformat
+
     nbs = sorted((ROOT / "notebooks").glob("*.ipynb"))
     assert nbs
     for nb in nbs:
         data = json.loads(nb.read_text())
+        nbformat.validate(nbformat.from_dict(data))  # nbformat 4.5: every cell has an id
         for cell in data["cells"]:
             if cell["cell_type"] == "code":
                 assert cell.get("outputs") == [] and cell.get("execution_count") is None, nb.name
@@ -77,3 +80,14 @@ def test_wilson_and_bootstrap():
             assert lo <= k / n <= hi
     lo, hi = stats.bootstrap_ci([1.0] * 10)
     assert lo == hi == 1.0
+
+
+def test_readme_tables_are_generated_from_the_saved_results():
+    """The README's ledger, benchmark, load-time and projector tables equal what `fusionlab ledger` writes
+    from the committed results (regenerate with `fusionlab ledger` after a lab run)."""
+    readme = (ROOT / "README.md").read_text()
+    blocks = {"ledger": results.ledger_markdown(results.ledger()), "bench": results.bench_markdown(),
+              "loadtimes": results.loadtimes_markdown(), "projector": results.projector_markdown()}
+    for name, body in blocks.items():
+        begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+        assert readme[readme.index(begin) + len(begin):readme.index(end)].strip() == body.strip(), name

@@ -1,0 +1,49 @@
+"""Notebook 02's seed-claim rows, computed from the NIAH rates by fixed rules (no judgement in the notebook).
+
+Hallucination (blog: 12% -> 39% at 8K under a RoPE mismatch): supported if some naive-injection variant's Wilson
+interval lies above the single model's; not supported if every naive variant's interval excludes 39%;
+inconclusive otherwise. Effective length (blog: 9.2K vs 7.1K): inconclusive while both reach the grid's top.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from .results import Claim
+
+NB = "02_rope_mismatch_hallucination"
+
+
+def _fmt(row: pd.Series) -> str:
+    return f"{row['wrong']:.0%} [{row['wrong_lo']:.0%}, {row['wrong_hi']:.0%}]"
+
+
+def hallucination_claim(rates: pd.DataFrame) -> Claim:
+    """rates: `niah_grid.rates(df)`; read at the longest length that the single model and the variants share."""
+    naive = [s for s in rates["setting"].unique() if s.endswith("naive") and not s.startswith("+")]
+    lengths = set(rates[rates["setting"] == "single"]["length"])
+    for s in naive:
+        lengths &= set(rates[rates["setting"] == s]["length"])
+    L = max(lengths)
+    at = rates[rates["length"] == L].set_index("setting")
+    shown = ["single"] + [x for s in naive for x in (s, s.replace("naive", "re-rotated")) if x in at.index]
+    up = [s for s in naive if s in at.index and at.loc[s, "wrong_lo"] > at.loc["single", "wrong_hi"]]
+    below = all(at.loc[s, "wrong_hi"] < 0.39 for s in naive if s in at.index)
+    return Claim(claim="RoPE mismatch raises QA hallucination", seed_section="2.3", seed_value="12% -> 39% at 8K",
+                 measured=f"at {L} tokens: " + ", ".join(f"{s} {_fmt(at.loc[s])}" for s in shown),
+                 n=f"n={int(at.loc['single', 'n'])} per setting (needles x depths)",
+                 setup=f"Qwen 0.5B, concat all layers, RoPE-altered self-slave, {L} tokens",
+                 verdict="supported" if up else ("not supported" if below else "inconclusive"), notebook=NB)
+
+
+def memory_claim(rates: pd.DataFrame, eff: pd.DataFrame, lengths: list[int]) -> Claim:
+    e = eff.set_index("setting")["effective_length"]
+    top = max(lengths)
+    both_top = e["single"] == top and e["fused, matched RoPE"] == top
+    verdict = ("inconclusive" if both_top or rates["n"].min() < 10 else
+               "supported" if e["fused, matched RoPE"] > e["single"] else "not supported")
+    others = ", ".join(f"{k} {v}" for k, v in e.items() if k not in ("single", "fused, matched RoPE"))
+    return Claim(claim="fused model remembers longer", seed_section="4.2", seed_value="9.2K vs 7.1K tokens",
+                 measured=f"effective length (acc >= 80%): single {e['single']}, fused matched "
+                          f"{e['fused, matched RoPE']}, {others}",
+                 n=f"grid {lengths}", setup="Qwen 0.5B, NIAH on real prose with distractors", verdict=verdict,
+                 notebook=NB)
