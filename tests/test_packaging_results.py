@@ -35,7 +35,8 @@ def test_notebooks_are_valid_and_have_no_outputs():
     assert nbs
     for nb in nbs:
         data = json.loads(nb.read_text())
-        nbformat.validate(nbformat.from_dict(data))  # nbformat 4.5: every cell has an id
+        assert all("id" in cell for cell in data["cells"]), f"{nb.name}: a cell lacks an id (nbformat 4.5)"
+        nbformat.validate(nbformat.from_dict(data))
         for cell in data["cells"]:
             if cell["cell_type"] == "code":
                 assert cell.get("outputs") == [] and cell.get("execution_count") is None, nb.name
