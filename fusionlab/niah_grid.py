@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -73,9 +74,11 @@ def run_grid(master: LM, settings: list[Setting], needles: list[Needle], lengths
                             raise
                         skipped.append({"setting": st.name, "needle": nd.id, "length": n, "reason": str(e)})
                         continue
+                    t0 = time.perf_counter()
                     answer = fused.generate(prompt_for(master, context, nd), max_new_tokens=max_new_tokens)
                     rec = {"key": key, "setting": st.name, "needle": nd.id, "lang": nd.lang, "length": n,
-                           "depth": d, "answer": answer, **score(answer, nd)}
+                           "depth": d, "answer": answer, **score(answer, nd),
+                           "seconds": round(time.perf_counter() - t0, 2)}  # the grid's cost, reported by notebook 02
                     with cache.open("a", encoding="utf-8") as f:
                         f.write(json.dumps(rec, ensure_ascii=False) + "\n")
                     done[key] = rec
@@ -213,3 +216,11 @@ def run_plan(master: LM, p: GridPlan, cross: LM | None, haystacks: dict[str, str
     df = pd.concat([main, sweep], ignore_index=True)
     df.attrs["skipped"] = main.attrs["skipped"] + sweep.attrs["skipped"]
     return df
+
+
+def grid_cost(df: pd.DataFrame) -> pd.DataFrame:
+    """Seconds per cell by length (cells cached before timing was recorded are left out): what the grid costs."""
+    if "seconds" not in df:
+        return pd.DataFrame(columns=["length", "timed_cells", "mean_s", "total_s"])
+    t = df.dropna(subset=["seconds"])
+    return t.groupby("length")["seconds"].agg(timed_cells="count", mean_s="mean", total_s="sum").reset_index()
