@@ -94,3 +94,24 @@ def test_niah_claim_rules():
     r = rates((0.1, 0.0, 0.2), (0.1, 0.0, 0.2), n=12)
     assert memory_claim(r, eff, [4096, 8192]).verdict == "supported"
     assert memory_claim(r, eff.assign(effective_length=8192), [4096, 8192]).verdict == "inconclusive"
+
+
+def test_our_chinese_haystack_holds_an_8k_context_without_the_answers():
+    """data/haystack/zh.txt is long enough for the full grid's 8K cells (Qwen tokens) and never mentions a
+    Chinese needle's answer or distractor (which would make a 'correct' answer meaningless)."""
+    from conftest import embedded_available
+
+    text = niah.load_haystack("zh")
+    for nd in niah.load_needles():
+        if nd.lang == "zh":
+            assert not any(a in text for a in nd.answers + nd.distractor_answers), nd.id
+    if not embedded_available("qwen2.5-coder-0.5b-instruct"):
+        pytest.skip("run `fusionlab fetch` first")
+    from transformers import AutoTokenizer
+
+    from fusionlab.zoo import converted_dir
+
+    tok = AutoTokenizer.from_pretrained(converted_dir("qwen2.5-coder-0.5b-instruct"))
+    zh = next(n for n in niah.load_needles() if n.lang == "zh")
+    ctx, at = niah.build_context(tok, text, zh, 8192, 50)
+    assert abs(niah.n_tokens(tok, ctx) - 8192) <= 6 and at > 0
