@@ -188,9 +188,10 @@ def _best(summary: pd.DataFrame, label: str) -> str:
     k = summary[summary["tokens"] == "keyword"].set_index("setting")
     c = summary[summary["tokens"] == "control"].set_index("setting")
     b = k["mean_ratio"].idxmax()
+    specific = "" if k.loc[b, "mean_ratio"] > c.loc[b, "ci_high"] else " (not keyword-specific)"
     return (f"{label}, best '{b}': {k.loc[b, 'mean_ratio']:.2f}x (95% CI [{k.loc[b, 'ci_low']:.2f}, "
-            f"{k.loc[b, 'ci_high']:.2f}]), control tokens {c.loc[b, 'mean_ratio']:.2f}x; all settings "
-            f"{k['mean_ratio'].min():.2f}-{k['mean_ratio'].max():.2f}x")
+            f"{k.loc[b, 'ci_high']:.2f}]), control tokens {c.loc[b, 'mean_ratio']:.2f}x (CI [{c.loc[b, 'ci_low']:.2f}, "
+            f"{c.loc[b, 'ci_high']:.2f}]){specific}; all settings {k['mean_ratio'].min():.2f}-{k['mean_ratio'].max():.2f}x")
 
 
 def keyword_claim(last: pd.DataFrame, answer: pd.DataFrame | None = None, n_answer: int = 0) -> Any:
