@@ -176,17 +176,20 @@ def ratio_summary(r: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _kinds(summary: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(keyword rows, control rows) of a ratio summary, indexed by setting."""
+    return tuple(summary[summary["tokens"] == t].set_index("setting") for t in ("keyword", "control"))  # type: ignore[return-value]
+
+
 def _reaches_claim(summary: pd.DataFrame) -> list[str]:
     """Settings whose keyword ratio CI reaches 2.3x *and* whose keyword ratio exceeds the control's CI (a rise
     that all prompt tokens share is not attention on keywords)."""
-    k = summary[summary["tokens"] == "keyword"].set_index("setting")
-    c = summary[summary["tokens"] == "control"].set_index("setting")
+    k, c = _kinds(summary)
     return [s for s in k.index if k.loc[s, "ci_high"] >= 2.3 and k.loc[s, "mean_ratio"] > c.loc[s, "ci_high"]]
 
 
 def _best(summary: pd.DataFrame, label: str) -> str:
-    k = summary[summary["tokens"] == "keyword"].set_index("setting")
-    c = summary[summary["tokens"] == "control"].set_index("setting")
+    k, c = _kinds(summary)
     b = k["mean_ratio"].idxmax()
     specific = "" if k.loc[b, "mean_ratio"] > c.loc[b, "ci_high"] else " (not keyword-specific)"
     return (f"{label}, best '{b}': {k.loc[b, 'mean_ratio']:.2f}x (95% CI [{k.loc[b, 'ci_low']:.2f}, "
