@@ -220,11 +220,9 @@ def _fast_output(rt: LayerRuntime, joint: JointBuffer | None, query: torch.Tenso
     return (probs.to(query.dtype) @ repeat_kv(v_all, n_rep)).transpose(1, 2).contiguous()
 
 
-def _visible_prefix(k_pos: torch.Tensor, k_src: torch.Tensor, q_last: int) -> int:
-    """Keys [0, n) that a query at position q_last may see, when all keys are the master's own keys in
-    position order (an unfused layer); later keys are causally masked. len(k_pos) otherwise."""
-    if bool((k_src != -1).any()):
-        return k_pos.numel()
+def _visible_prefix(k_pos: torch.Tensor, q_last: int) -> int:
+    """Keys [0, n) that a query at position q_last may see, for own keys in position order (an unfused
+    layer); later keys are causally masked."""
     return int(torch.searchsorted(k_pos, torch.tensor([q_last], device=k_pos.device), right=True))
 
 
@@ -241,9 +239,10 @@ def _record(rec: Recorder, layer: int, query: torch.Tensor, k_all: torch.Tensor,
     rows = torch.arange(q_pos.numel(), device=q_pos.device) if rows is None else rows
     out = torch.empty_like(query) if with_output else None
     q_sel = query if len(heads) == query.shape[1] else query[:, h_idx]
+    trim = rec.trim and not bool((k_src != -1).any())  # slots break position order: keep every key then
     for start in range(0, rows.numel(), rec.chunk):
         r = rows[start:start + rec.chunk]
-        n = _visible_prefix(k_pos, k_src, int(q_pos[r].max())) if rec.trim else k_pos.numel()
+        n = _visible_prefix(k_pos, int(q_pos[r].max())) if trim else k_pos.numel()
         probs = _probs(q_sel[:, :, r], k_sel[:, :, :n], bias[r, :n], scale, softcap)  # (B, h, q, n)
         rec.fn(layer, probs, k_pos, k_src, q_pos[r], heads)
         if out is not None:

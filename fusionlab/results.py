@@ -11,6 +11,8 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "data" / "results"
+SIZES = ("full", "default", "quick")
+"""Run sizes, best first: the ledger and README tables show the largest run available."""
 VERDICTS = ("supported", "not supported", "partly supported", "not testable here", "inconclusive")
 
 
@@ -56,7 +58,7 @@ def claims_frame(claims: list[Claim]) -> pd.DataFrame:
 
 def ledger(folder: Path = RESULTS / "claims") -> pd.DataFrame:
     """All saved claims, the largest run of each notebook only."""
-    rank = {"full": 0, "default": 1, "quick": 2}
+    rank = {size: i for i, size in enumerate(SIZES)}
     best: dict[str, dict[str, Any]] = {}
     for f in sorted(folder.glob("*.json")):
         rec = json.loads(f.read_text())
@@ -132,7 +134,7 @@ def loadtimes_markdown(folder: Path = BENCH) -> str:
 
 def best_table(stem: str, folder: Path = RESULTS) -> tuple[pd.DataFrame, str] | None:
     """The saved table `stem`.<size>.csv from the largest run size available (full > default > quick)."""
-    for size in ("full", "default", "quick"):
+    for size in SIZES:
         f = folder / f"{stem}.{size}.csv"
         if f.exists():
             return pd.read_csv(f), size
