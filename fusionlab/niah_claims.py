@@ -19,15 +19,15 @@ def _fmt(row: pd.Series) -> str:
 
 def hallucination_claim(rates: pd.DataFrame) -> Claim:
     """rates: `niah_grid.rates(df)`; read at the longest length that the single model and the variants share."""
-    naive = [s for s in rates["setting"].unique() if s.endswith("naive") and not s.startswith("+")]
-    lengths = set(rates[rates["setting"] == "single"]["length"])
-    for s in naive:
-        lengths &= set(rates[rates["setting"] == s]["length"])
-    L = max(lengths)
+    variants = [s for s in rates["setting"].unique() if s.endswith("naive") and not s.startswith("+")]
+    single = set(rates[rates["setting"] == "single"]["length"])
+    # the longest length shared by single and some variant (a short-length sweep must not pull it down)
+    L = max(n for n in single if any(((rates["setting"] == s) & (rates["length"] == n)).any() for s in variants))
     at = rates[rates["length"] == L].set_index("setting")
+    naive = [s for s in variants if s in at.index]
     shown = ["single"] + [x for s in naive for x in (s, s.replace("naive", "re-rotated")) if x in at.index]
-    up = [s for s in naive if s in at.index and at.loc[s, "wrong_lo"] > at.loc["single", "wrong_hi"]]
-    below = all(at.loc[s, "wrong_hi"] < 0.39 for s in naive if s in at.index)
+    up = [s for s in naive if at.loc[s, "wrong_lo"] > at.loc["single", "wrong_hi"]]
+    below = all(at.loc[s, "wrong_hi"] < 0.39 for s in naive)
     return Claim(claim="RoPE mismatch raises QA hallucination", seed_section="2.3", seed_value="12% -> 39% at 8K",
                  measured=f"at {L} tokens: " + ", ".join(f"{s} {_fmt(at.loc[s])}" for s in shown),
                  n=f"n={int(at.loc['single', 'n'])} per setting (needles x depths)",
@@ -36,7 +36,8 @@ def hallucination_claim(rates: pd.DataFrame) -> Claim:
 
 
 def memory_claim(rates: pd.DataFrame, eff: pd.DataFrame, lengths: list[int]) -> Claim:
-    e = eff.set_index("setting")["effective_length"]
+    whole = eff[eff["grid_max"] == max(lengths)] if "grid_max" in eff else eff  # sweep-only settings say nothing here
+    e = whole.set_index("setting")["effective_length"]
     top = max(lengths)
     both_top = e["single"] == top and e["fused, matched RoPE"] == top
     verdict = ("inconclusive" if both_top or rates["n"].min() < 10 else

@@ -84,15 +84,20 @@ def test_niah_claim_rules():
         for s, (w, lo, hi) in (("single", single), ("θ×4, naive", naive), ("θ×4, re-rotated", single)):
             rows.append({"setting": s, "length": 8192, "n": n, "wrong": w, "wrong_lo": lo, "wrong_hi": hi})
         rows.append({"setting": "single", "length": 1024, "n": n, "wrong": 0, "wrong_lo": 0, "wrong_hi": 0.3})
+        # a short-length sweep variant: it must neither move the reading length nor decide the verdict
+        rows.append({"setting": "θ×0.5, naive", "length": 1024, "n": n, "wrong": 1, "wrong_lo": 0.6, "wrong_hi": 1})
         return pd.DataFrame(rows)
 
     assert hallucination_claim(rates((0.1, 0.0, 0.2), (0.6, 0.4, 0.8))).verdict == "supported"
     assert hallucination_claim(rates((0.1, 0.0, 0.2), (0.1, 0.0, 0.3), n=60)).verdict == "not supported"
     c = hallucination_claim(rates((0.0, 0.0, 0.39), (0.17, 0.03, 0.56)))
     assert c.verdict == "inconclusive" and c.measured.startswith("at 8192 tokens: single 0%")
-    eff = pd.DataFrame({"setting": ["single", "fused, matched RoPE"], "effective_length": [4096, 8192]})
+    assert "θ×0.5" not in c.measured
+    eff = pd.DataFrame({"setting": ["single", "fused, matched RoPE", "θ×0.5, naive"],
+                        "effective_length": [4096, 8192, 0], "grid_max": [8192, 8192, 1024]})
     r = rates((0.1, 0.0, 0.2), (0.1, 0.0, 0.2), n=12)
-    assert memory_claim(r, eff, [4096, 8192]).verdict == "supported"
+    m = memory_claim(r, eff, [4096, 8192])
+    assert m.verdict == "supported" and "θ×0.5" not in m.measured
     assert memory_claim(r, eff.assign(effective_length=8192), [4096, 8192]).verdict == "inconclusive"
 
 
