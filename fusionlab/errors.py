@@ -3,3 +3,8 @@
 
 class FusionLabError(ValueError):
     """Bad input or missing setup, explained; never a silent wrong result."""
+
+
+class ContextTooLong(FusionLabError):
+    """A text does not fit a model's context (or a haystack is too short for the asked length): grid runners
+    record such a cell as skipped, with this message, instead of stopping the run."""

@@ -17,7 +17,7 @@ from transformers import DynamicCache
 from . import attention as att
 from .align import identity_alignment
 from .arch import attn_module
-from .errors import FusionLabError
+from .errors import ContextTooLong, FusionLabError
 from .lm import LM
 from .sampling import SamplingConfig, next_token
 from .slots import ResolvedSlave, Slave
@@ -106,11 +106,11 @@ class FusedModel:
 
     def _check_length(self, n: int) -> None:
         if n > self.master.spec.max_positions:
-            raise FusionLabError(f"sequence of {n} tokens exceeds master {self.master.name}'s max positions "
+            raise ContextTooLong(f"sequence of {n} tokens exceeds master {self.master.name}'s max positions "
                                  f"{self.master.spec.max_positions}; shorten the prompt or max_new_tokens.")
         for s in self.slaves:
             if s.same_tokenizer and n > s.lm.spec.max_positions:
-                raise FusionLabError(f"sequence of {n} tokens exceeds slave {s.lm.name}'s max positions "
+                raise ContextTooLong(f"sequence of {n} tokens exceeds slave {s.lm.name}'s max positions "
                                      f"{s.lm.spec.max_positions}.")
 
     # --- slots ------------------------------------------------------------------------------------------

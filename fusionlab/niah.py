@@ -23,7 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from .errors import FusionLabError
+from .errors import ContextTooLong, FusionLabError
 from .util import sha256_file
 
 DATA = Path(__file__).resolve().parent.parent / "data"
@@ -116,7 +116,7 @@ def build_context(tokenizer: Any, haystack: str, needle: Needle, length: int, de
         raise FusionLabError(f"needle {needle.id!r} needs {need} tokens, more than the context of {length}.")
     offsets = _offsets(tokenizer, haystack)
     if len(offsets) < length - need:
-        raise FusionLabError(f"haystack has only {len(offsets)} tokens, too short for a {length}-token context; "
+        raise ContextTooLong(f"haystack has only {len(offsets)} tokens, too short for a {length}-token context; "
                              "use a longer haystack or shorter lengths.")
     text = haystack[: offsets[length - need - 1][1]]
     bounds = sorted({0, *(m.end() for m in SENTENCE_END.finditer(text))})  # the cut end is mid-sentence

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from .errors import FusionLabError
+from .errors import ContextTooLong, FusionLabError
 from .fuse import FusedModel
 from .lm import LM
 from .niah import Needle, build_context, load_haystack, prompt_for, score
@@ -66,16 +66,15 @@ def run_grid(master: LM, settings: list[Setting], needles: list[Needle], lengths
             fused = st.build()
             try:
                 for nd, n, d, key in tqdm(todo, desc=st.name, leave=False):
-                    try:
+                    t0 = time.perf_counter()
+                    try:  # a haystack too short, or a slave whose context cannot hold the prompt: skip, say why
                         context, _ = build_context(master.tokenizer, texts[nd.lang], nd, n, d,
                                                    max_positions=master.spec.max_positions)
-                    except FusionLabError as e:  # only a haystack too short for this length is skippable
-                        if "too short" not in str(e):
-                            raise
-                        skipped.append({"setting": st.name, "needle": nd.id, "length": n, "reason": str(e)})
+                        answer = fused.generate(prompt_for(master, context, nd), max_new_tokens=max_new_tokens)
+                    except ContextTooLong as e:
+                        skipped.append({"setting": st.name, "needle": nd.id, "length": n, "depth": d,
+                                        "reason": str(e)})
                         continue
-                    t0 = time.perf_counter()
-                    answer = fused.generate(prompt_for(master, context, nd), max_new_tokens=max_new_tokens)
                     rec = {"key": key, "setting": st.name, "needle": nd.id, "lang": nd.lang, "length": n,
                            "depth": d, "answer": answer, **score(answer, nd),
                            "seconds": round(time.perf_counter() - t0, 2)}  # the grid's cost, reported by notebook 02

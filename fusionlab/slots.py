@@ -13,7 +13,7 @@ import torch
 from .align import TokenAlignment, align_tokens, identity_alignment
 from .arch import rope_cos_sin
 from .capture import CapturedKV, capture_kv, post_rope_keys
-from .errors import FusionLabError
+from .errors import ContextTooLong, FusionLabError
 from .layermap import LayerMap
 from .lm import LM
 from .projector import Projector, make_projector
@@ -99,7 +99,7 @@ class ResolvedSlave:
         al = align_tokens(master.tokenizer, self.lm.tokenizer, text, self.slave.align)
         ids = self.lm.tokenizer(text, return_tensors="pt")["input_ids"]
         if ids.shape[1] > self.lm.spec.max_positions:
-            raise FusionLabError(f"prompt is {ids.shape[1]} tokens for slave {self.lm.name}, beyond its "
+            raise ContextTooLong(f"prompt is {ids.shape[1]} tokens for slave {self.lm.name}, beyond its "
                                  f"max positions {self.lm.spec.max_positions}.")
         return ids, al
 

@@ -120,3 +120,38 @@ def test_our_chinese_haystack_holds_an_8k_context_without_the_answers():
     zh = next(n for n in niah.load_needles() if n.lang == "zh")
     ctx, at = niah.build_context(tok, text, zh, 8192, 50)
     assert abs(niah.n_tokens(tok, ctx) - 8192) <= 6 and at > 0
+
+
+def test_grid_skips_a_cell_whose_prompt_a_slave_cannot_hold(tiny, tmp_path):
+    """A slave with a shorter context (SmolLM2's 8192 positions under an 8K Qwen prompt) skips the cell with the
+    reason and goes on; any other error still stops the run."""
+    from fusionlab.errors import ContextTooLong
+
+    m = tiny("tiny-qwen2")
+    hay = tmp_path / "hay.txt"
+    hay.write_text(HAY)
+
+    class ShortSlave:
+        def generate(self, prompt: str, max_new_tokens: int) -> str:
+            n = niah.n_tokens(m.tokenizer, prompt)
+            if n > 500:
+                raise ContextTooLong(f"prompt is {n} tokens for slave s, beyond its max positions 500.")
+            return "Lisbon"
+
+        def close(self) -> None:
+            pass
+
+    args = dict(needles=[NEEDLE], lengths=[200, 500], depths=[10, 90], haystacks={"en": str(hay)},
+                cache=tmp_path / "c.jsonl", max_new_tokens=4)
+    df = run_grid(m, [Setting("short", ShortSlave, "short")], **args)
+    assert df["length"].tolist() == [200, 200] and (df["label"] == "correct").all()
+    skipped = df.attrs["skipped"]
+    assert [(s["length"], s["depth"]) for s in skipped] == [(500, 10), (500, 90)]
+    assert "beyond its max positions 500" in skipped[0]["reason"]
+
+    class Broken(ShortSlave):
+        def generate(self, prompt: str, max_new_tokens: int) -> str:
+            raise FusionLabError("something else is wrong")
+
+    with pytest.raises(FusionLabError, match="something else"):
+        run_grid(m, [Setting("broken", Broken, "broken")], **{**args, "cache": tmp_path / "d.jsonl"})
