@@ -126,10 +126,14 @@ def heatmaps(df: pd.DataFrame, settings: list[str]) -> Any:
     import matplotlib.pyplot as plt
     import seaborn as sns
 
-    fig, axes = plt.subplots(1, len(settings), figsize=(3.2 * len(settings), 2.8), squeeze=False)
-    for ax, st in zip(axes[0], settings):
+    cols = min(4, len(settings))  # rows of 4 keep a paper page readable
+    rows = -(-len(settings) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.8 * rows), squeeze=False)
+    for ax, st in zip(axes.flat, settings):
         sns.heatmap(accuracy_grid(df, st), vmin=0, vmax=1, cmap="RdYlGn", annot=True, fmt=".2f", cbar=False, ax=ax)
         ax.set_title(st, fontsize=8)
+    for ax in axes.flat[len(settings):]:
+        ax.set_visible(False)
     fig.tight_layout()
     return fig
 
