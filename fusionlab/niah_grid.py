@@ -71,19 +71,23 @@ def run_grid(master: LM, settings: list[Setting], needles: list[Needle], lengths
                         context, _ = build_context(master.tokenizer, texts[nd.lang], nd, n, d,
                                                    max_positions=master.spec.max_positions)
                         answer = fused.generate(prompt_for(master, context, nd), max_new_tokens=max_new_tokens)
-                    except ContextTooLong as e:
-                        skipped.append({"setting": st.name, "needle": nd.id, "length": n, "depth": d,
-                                        "reason": str(e)})
-                        continue
+                        rec = {"answer": answer, **score(answer, nd),
+                               "seconds": round(time.perf_counter() - t0, 2)}  # the grid's cost (notebook 02)
+                    except ContextTooLong as e:  # cached too (the key fixes models and text), so never retried
+                        rec = {"skipped": str(e)}
                     rec = {"key": key, "setting": st.name, "needle": nd.id, "lang": nd.lang, "length": n,
-                           "depth": d, "answer": answer, **score(answer, nd),
-                           "seconds": round(time.perf_counter() - t0, 2)}  # the grid's cost, reported by notebook 02
+                           "depth": d, **rec}
                     with cache.open("a", encoding="utf-8") as f:
                         f.write(json.dumps(rec, ensure_ascii=False) + "\n")
                     done[key] = rec
             finally:
                 fused.close()
-        rows += [done[c[3]] for c in cells if c[3] in done]
+        for rec in (done[c[3]] for c in cells if c[3] in done):
+            if "skipped" in rec:
+                where = {k: rec[k] for k in ("setting", "needle", "length", "depth")}
+                skipped.append(where | {"reason": rec["skipped"]})
+            else:
+                rows.append(rec)
     df = pd.DataFrame(rows)
     df.attrs["skipped"] = skipped
     return df

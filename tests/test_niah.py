@@ -148,6 +148,9 @@ def test_grid_skips_a_cell_whose_prompt_a_slave_cannot_hold(tiny, tmp_path):
     skipped = df.attrs["skipped"]
     assert [(s["length"], s["depth"]) for s in skipped] == [(500, 10), (500, 90)]
     assert "beyond its max positions 500" in skipped[0]["reason"]
+    built = []
+    again = run_grid(m, [Setting("short", lambda: built.append(1) or ShortSlave(), "short")], **args)
+    assert built == [] and again.attrs["skipped"] == skipped  # skipped cells are cached: no rebuild, same reasons
 
     class Broken(ShortSlave):
         def generate(self, prompt: str, max_new_tokens: int) -> str:
