@@ -1,20 +1,35 @@
 """Notebook 02's seed-claim rows, computed from the NIAH rates by fixed rules (no judgement in the notebook).
 
 Hallucination (blog: 12% -> 39% at 8K under a RoPE mismatch): supported if some naive-injection variant's Wilson
-interval lies above the single model's; not supported if every naive variant's interval excludes 39%;
-inconclusive otherwise. Effective length (blog: 9.2K vs 7.1K): inconclusive while both reach the grid's top.
+interval lies above the single model's at the longest shared length; not supported if every naive variant's interval
+excludes 39% there; inconclusive otherwise. Rates pooled over all shared lengths are shown beside it, not judged. Effective length (blog: 9.2K vs 7.1K): inconclusive while both reach the grid's top.
 """
 from __future__ import annotations
 
 import pandas as pd
 
 from .results import Claim
+from .stats import wilson
 
 NB = "02_rope_mismatch_hallucination"
 
 
 def _fmt(row: pd.Series) -> str:
     return f"{row['wrong']:.0%} [{row['wrong_lo']:.0%}, {row['wrong_hi']:.0%}]"
+
+
+def _pooled(rates: pd.DataFrame, settings: list[str]) -> str:
+    """Wrong answers summed over the lengths every listed setting shares (the verdict stays at the longest one)."""
+    shared = set.intersection(*(set(rates[rates["setting"] == s]["length"]) for s in settings))
+    if len(shared) < 2:
+        return ""
+    out = []
+    for s in settings:
+        g = rates[(rates["setting"] == s) & rates["length"].isin(shared)]
+        k, n = int(round((g["wrong"] * g["n"]).sum())), int(g["n"].sum())
+        lo, hi = wilson(k, n)
+        out.append(f"{s} {k / n:.0%} [{lo:.0%}, {hi:.0%}]")
+    return f"; pooled over {min(shared)}-{max(shared)} tokens (n={n} each): " + ", ".join(out)
 
 
 def hallucination_claim(rates: pd.DataFrame) -> Claim:
@@ -29,7 +44,8 @@ def hallucination_claim(rates: pd.DataFrame) -> Claim:
     up = [s for s in naive if at.loc[s, "wrong_lo"] > at.loc["single", "wrong_hi"]]
     below = all(at.loc[s, "wrong_hi"] < 0.39 for s in naive)
     return Claim(claim="RoPE mismatch raises QA hallucination", seed_section="2.3", seed_value="12% -> 39% at 8K",
-                 measured=f"at {L} tokens: " + ", ".join(f"{s} {_fmt(at.loc[s])}" for s in shown),
+                 measured=f"at {L} tokens: " + ", ".join(f"{s} {_fmt(at.loc[s])}" for s in shown)
+                 + _pooled(rates, shown),
                  n=f"n={int(at.loc['single', 'n'])} per setting (needles x depths)",
                  setup=f"Qwen 0.5B, concat all layers, RoPE-altered self-slave, {L} tokens",
                  verdict="supported" if up else ("not supported" if below else "inconclusive"), notebook=NB)

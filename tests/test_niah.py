@@ -93,6 +93,15 @@ def test_niah_claim_rules():
     c = hallucination_claim(rates((0.0, 0.0, 0.39), (0.17, 0.03, 0.56)))
     assert c.verdict == "inconclusive" and c.measured.startswith("at 8192 tokens: single 0%")
     assert "θ×0.5" not in c.measured
+    # θ×4 naive is measured at 8192 only: no second shared length, nothing pooled
+    assert "pooled" not in c.measured
+    two = pd.DataFrame([{"setting": st, "length": n, "n": 6, "wrong": w, "wrong_lo": 0.0, "wrong_hi": 0.39 + w}
+                        for st, n, w in (("single", 1024, 0), ("single", 8192, 0), ("θ×4, naive", 1024, 1 / 6),
+                                         ("θ×4, naive", 8192, 0.5), ("θ×4, re-rotated", 1024, 0),
+                                         ("θ×4, re-rotated", 8192, 0))])
+    m = hallucination_claim(two)
+    assert m.measured.endswith("pooled over 1024-8192 tokens (n=12 each): single 0% [0%, 24%], "
+                               "θ×4, naive 33% [14%, 61%], θ×4, re-rotated 0% [0%, 24%]")
     eff = pd.DataFrame({"setting": ["single", "fused, matched RoPE", "θ×0.5, naive"],
                         "effective_length": [4096, 8192, 0], "grid_max": [8192, 8192, 1024]})
     r = rates((0.1, 0.0, 0.2), (0.1, 0.0, 0.2), n=12)
