@@ -1,8 +1,9 @@
 """Notebook 02's seed-claim rows, computed from the NIAH rates by fixed rules (no judgement in the notebook).
 
 Hallucination (blog: 12% -> 39% at 8K under a RoPE mismatch): supported if some naive-injection variant's Wilson
-interval lies above the single model's at the longest shared length; not supported if every naive variant's interval
-excludes 39% there; inconclusive otherwise. Rates pooled over all shared lengths are shown beside it, not judged. Effective length (blog: 9.2K vs 7.1K): inconclusive while both reach the grid's top.
+interval lies above the single model's at the longest shared length; not supported if every naive variant's
+interval excludes 39% there; inconclusive otherwise. Rates pooled over all shared lengths are shown beside it, not
+judged. Effective length (blog: 9.2K vs 7.1K): inconclusive while both reach the grid's top.
 """
 from __future__ import annotations
 
@@ -23,13 +24,15 @@ def _pooled(rates: pd.DataFrame, settings: list[str]) -> str:
     shared = set.intersection(*(set(rates[rates["setting"] == s]["length"]) for s in settings))
     if len(shared) < 2:
         return ""
-    out = []
+    counts = {}  # setting -> (wrong, n)
     for s in settings:
         g = rates[(rates["setting"] == s) & rates["length"].isin(shared)]
-        k, n = int(round((g["wrong"] * g["n"]).sum())), int(g["n"].sum())
-        lo, hi = wilson(k, n)
-        out.append(f"{s} {k / n:.0%} [{lo:.0%}, {hi:.0%}]")
-    return f"; pooled over {min(shared)}-{max(shared)} tokens (n={n} each): " + ", ".join(out)
+        counts[s] = int(round((g["wrong"] * g["n"]).sum())), int(g["n"].sum())
+    ns = {n for _, n in counts.values()}
+    items = [f"{s} {k / n:.0%} [{wilson(k, n)[0]:.0%}, {wilson(k, n)[1]:.0%}]" + ("" if len(ns) == 1 else f" (n={n})")
+             for s, (k, n) in counts.items()]
+    each = f" (n={ns.pop()} each)" if len(ns) == 1 else ""
+    return f"; pooled over {min(shared)}-{max(shared)} tokens{each}: " + ", ".join(items)
 
 
 def hallucination_claim(rates: pd.DataFrame) -> Claim:

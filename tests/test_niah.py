@@ -102,6 +102,8 @@ def test_niah_claim_rules():
     m = hallucination_claim(two)
     assert m.measured.endswith("pooled over 1024-8192 tokens (n=12 each): single 0% [0%, 24%], "
                                "θ×4, naive 33% [14%, 61%], θ×4, re-rotated 0% [0%, 24%]")
+    uneven = hallucination_claim(two.assign(n=[5, 6, 6, 6, 6, 6]))  # a skipped cell: n differs, said per setting
+    assert "pooled over 1024-8192 tokens: single 0% [0%, 26%] (n=11), θ×4, naive" in uneven.measured
     eff = pd.DataFrame({"setting": ["single", "fused, matched RoPE", "θ×0.5, naive"],
                         "effective_length": [4096, 8192, 0], "grid_max": [8192, 8192, 1024]})
     r = rates((0.1, 0.0, 0.2), (0.1, 0.0, 0.2), n=12)
