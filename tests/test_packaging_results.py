@@ -6,6 +6,7 @@ import re
 import tomllib
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from fusionlab import results, stats
@@ -71,6 +72,21 @@ def test_write_ledger_replaces_block(tmp_path, monkeypatch):
     assert "OLD-BLOCK" not in text and text.startswith("top") and text.endswith("bottom\n")
 
 
+def test_humaneval_table_from_saved_results(tmp_path):
+    rows = [("master alone", t, p, "passed" if p else "wrong or crashed") for t, p in zip("abcd", [1, 1, 1, 0])]
+    rows += [("+s", t, p, "passed" if p else "syntax error") for t, p in zip("abcd", [0, 0, 1, 0])]
+    df = pd.DataFrame(rows, columns=["setting", "task_id", "passed", "kind"]).assign(
+        passed=lambda d: d["passed"].astype(bool), seconds=2.0, new_tokens=10, extra_kv_bytes=[0] * 4 + [2**20] * 4)
+    df.to_csv(tmp_path / "04_humaneval.default.csv", index=False)
+    md = results.humaneval_markdown(tmp_path).splitlines()
+    lo, hi = stats.wilson(3, 4)
+    assert md[2] == f"| master alone | 3/4 = 75.0% [{lo:.1%}, {hi:.1%}] | - | 0 of 4 | 2.0 | 5.0 | 0.00 |"
+    lo, hi = stats.wilson(1, 4)  # McNemar: 2 discordant pairs, both for the master -> p = 2 * 1/4 = 0.5
+    assert md[3] == f"| +s | 1/4 = 25.0% [{lo:.1%}, {hi:.1%}] | 0.5 | 3 of 4 | 2.0 | 5.0 | 1.00 |"
+    assert "04_humaneval.default.csv" in md[-1]
+    assert results.humaneval_markdown(tmp_path / "none").startswith("_Not measured yet")
+
+
 def test_wilson_and_bootstrap():
     lo, hi = stats.wilson(12, 100)
     assert (round(lo, 3), round(hi, 3)) == (0.070, 0.198)  # 12/100, standard Wilson 95% interval
@@ -84,11 +100,12 @@ def test_wilson_and_bootstrap():
 
 
 def test_readme_tables_are_generated_from_the_saved_results():
-    """The README's ledger, benchmark, load-time and projector tables equal what `fusionlab ledger` writes
+    """The README's ledger, benchmark, load-time, projector and HumanEval tables equal what `fusionlab ledger` writes
     from the committed results (regenerate with `fusionlab ledger` after a lab run)."""
     readme = (ROOT / "README.md").read_text()
     blocks = {"ledger": results.ledger_markdown(results.ledger()), "bench": results.bench_markdown(),
-              "loadtimes": results.loadtimes_markdown(), "projector": results.projector_markdown()}
+              "loadtimes": results.loadtimes_markdown(), "projector": results.projector_markdown(),
+              "humaneval": results.humaneval_markdown()}
     for name, body in blocks.items():
         begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
         assert readme[readme.index(begin) + len(begin):readme.index(end)].strip() == body.strip(), name
