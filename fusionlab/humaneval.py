@@ -92,7 +92,7 @@ def pass_at_1(df: pd.DataFrame) -> pd.DataFrame:
         k, n = int(g["passed"].sum()), len(g)
         lo, hi = wilson(k, n)
         rows.append({"setting": setting, "n": n, "passed": k, "pass@1": k / n, "ci_low": lo, "ci_high": hi,
-                     "tok_per_s": g["new_tokens"].sum() / g["seconds"].sum(),
+                     "s_per_problem": g["seconds"].mean(), "tok_per_s": g["new_tokens"].sum() / g["seconds"].sum(),
                      "extra_kv_MiB": g["extra_kv_bytes"].mean() / 2**20})
     return pd.DataFrame(rows)
 
