@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 import fusionlab as fl
-from fusionlab.fit import calibration_paragraphs
+from fusionlab.engine.fit import calibration_paragraphs
 
 OUT = Path(__file__).parent / "results"
 

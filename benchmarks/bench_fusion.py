@@ -17,9 +17,9 @@ import torch
 from transformers import DynamicCache
 
 import fusionlab as fl
-from fusionlab.capture import capture_kv
-from fusionlab.fit import calibration_paragraphs
-from fusionlab.ttft import measure
+from fusionlab.engine.kv_capture import capture_kv
+from fusionlab.engine.fit import calibration_paragraphs
+from fusionlab.experiments.ttft import measure
 
 OUT = Path(__file__).parent / "results"
 

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fusionlab import zoo
+from fusionlab.models import zoo
 
 OUT = Path(__file__).parent / "results"
 TIMER = "import time, fusionlab as fl; t=time.perf_counter(); fl.load({name!r}); print(time.perf_counter()-t)"

@@ -1,23 +1,35 @@
-"""FusionLab: stitch causal LMs at inference time through their KV caches, and measure it honestly."""
+"""FusionLab: stitch causal LMs at inference time through their KV caches, and measure it honestly.
+
+Layers (imports run one way, enforced by tests/test_layers.py):
+    errors, paths, files, cells, runsize   foundation: no torch, no other fusionlab module above them
+    engine/        the fusion itself: models as fl.LM, capture, layer maps, projectors, attention, fuse
+    models/        where models come from: embedded wheels, tiny test models, RoPE variants
+    analysis/      measuring tools: attention capture and views, KV budget, NLL, statistics, widgets
+    experiments/   each notebook's logic and its claims' verdict rules
+    lab/           results on disk, README tables, figures, notebook runner, CLI
+"""
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no model hub at run time; set HF_HUB_OFFLINE=0 to allow it
-__version__ = "0.1.0"
 
-from . import results, stats, viz
-from .errors import FusionLabError
-from . import evaluate, fit, kv, models
-from .alignment import AlignmentReport, check_alignment
-from .attention_capture import capture_attention
-from .fit import fit_lstsq
-from .fuse import FusedModel, fuse
-from .layermap import LayerMap
-from .lm import LM
-from .projector import HeadsProjector, IdentityProjector, LstsqProjector
-from .slots import Slave
-from .spec import ModelSpec, RopeSpec
-from .zoo import load
+from ._version import __version__
+from .errors import ContextTooLong, FusionLabError
+from .analysis import evaluate, kv, stats
+from .analysis.attention_capture import capture_attention
+from .engine import fit
+from .engine.fit import fit_lstsq
+from .engine.fuse import FusedModel, fuse
+from .engine.layermap import LayerMap
+from .engine.lm import LM
+from .engine.preflight import AlignmentReport, check_alignment
+from .engine.projector import HeadsProjector, IdentityProjector, LstsqProjector
+from .engine.slave import Slave
+from .engine.spec import ModelSpec, RopeSpec
+from . import models
+from .models.zoo import load
+from .lab import results, viz
 
-__all__ = ["AlignmentReport", "FusionLabError", "FusedModel", "HeadsProjector", "IdentityProjector", "LM",
-           "LayerMap", "LstsqProjector", "ModelSpec", "RopeSpec", "Slave", "capture_attention", "check_alignment",
-           "evaluate", "fit", "fit_lstsq", "fuse", "kv", "load", "models", "results", "stats", "viz"]
+__all__ = ["AlignmentReport", "ContextTooLong", "FusionLabError", "FusedModel", "HeadsProjector",
+           "IdentityProjector", "LM", "LayerMap", "LstsqProjector", "ModelSpec", "RopeSpec", "Slave", "__version__",
+           "capture_attention", "check_alignment", "evaluate", "fit", "fit_lstsq", "fuse", "kv", "load", "models",
+           "results", "stats", "viz"]

@@ -75,9 +75,9 @@ def main(argv: list[str]) -> int:
     start = time.time()
     py = ensure_venv()
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
-    run([str(py), "-m", "fusionlab.cli", "fetch"], cwd=ROOT, env=env)
+    run([str(py), "-m", "fusionlab.lab.cli", "fetch"], cwd=ROOT, env=env)
     if argv[0] == "lab":
-        code = subprocess.run([str(py), "-m", "fusionlab.cli", "lab", *argv[1:]], cwd=ROOT, env=env).returncode
+        code = subprocess.run([str(py), "-m", "fusionlab.lab.cli", "lab", *argv[1:]], cwd=ROOT, env=env).returncode
     else:
         env["FUSIONLAB_QUICK"] = "1"
         code = subprocess.run([str(py), "-m", "pytest", "-q", *argv[1:]], cwd=ROOT, env=env).returncode

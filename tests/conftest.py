@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import fusionlab as fl
-from fusionlab.tiny import TINY
+from fusionlab.models.tiny import TINY
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 TINY_NAMES = list(TINY)
@@ -35,7 +35,7 @@ def master_logits(lm: fl.LM, ids: torch.Tensor) -> torch.Tensor:
 
 def embedded_available(name: str) -> bool:
     """In CI the bootstrap has fetched the models: never skip there, so a missing model fails loudly."""
-    from fusionlab.zoo import cached_manifest
+    from fusionlab.models.zoo import cached_manifest
     if os.environ.get("CI"):
         return True
     try:

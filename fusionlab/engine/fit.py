@@ -1,0 +1,100 @@
+"""Fit an `lstsq` projector: ridge regression per mapped layer, slave pre-RoPE K/V -> master pre-RoPE K/V.
+
+Training-free (closed form): the same calibration text goes through both models, tokens are paired by
+character offsets, and X^T X / X^T Y are accumulated in float64, so memory stays flat in the text length.
+Held-out paragraphs give R² per layer, reported with the projector.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ..errors import FusionLabError
+from ..paths import asset
+from .kv_capture import capture_kv
+from .layermap import LayerMap
+from .lm import LM
+from .projector import LstsqProjector
+from .token_align import align_tokens, identity_alignment
+
+
+def calibration_paragraphs(folder: Path | None = None) -> list[str]:
+    """Our own calibration text (English, Chinese, code), one paragraph / code block per item."""
+    folder = folder or asset("calibration")
+    paras = []
+    for f in sorted(folder.glob("*.txt")):
+        paras += [p.strip() for p in f.read_text(encoding="utf-8").split("\n\n" if f.stem == "code" else "\n") if p.strip()]
+    if not paras:
+        raise FusionLabError(f"no calibration text found in {folder}.")
+    return paras
+
+
+def _pairs(master: LM, slave: LM, text: str, lmap: LayerMap, align: str):
+    """Per mapped master layer: (X (S, F_s), Y (S, F_m)) for keys and for values."""
+    m_ids, s_ids = master.encode(text), slave.encode(text)
+    same = master.vocab_hash == slave.vocab_hash
+    al = identity_alignment(m_ids.shape[1]) if same else align_tokens(master.tokenizer, slave.tokenizer, text, align)
+    mc = capture_kv(master, m_ids, list(lmap.pairs))
+    sc = capture_kv(slave, s_ids, sorted(set(lmap.pairs.values())))
+    idx = al.master_index.to(master.device)
+    flat = lambda x: x[0].transpose(0, 1).reshape(x.shape[2], -1).double().cpu()  # noqa: E731  (S, H*D)
+    out = {}
+    for i, j in lmap.pairs.items():
+        out[i] = {kind: (flat(al.gather(getattr(sc, attr)[j].float())),
+                         flat(getattr(mc, attr)[i].float().index_select(2, idx)))
+                  for kind, attr in (("k", "keys"), ("v", "values"))}
+    return out
+
+
+def fit_lstsq(master: LM, slave: LM, layer_map: LayerMap | str | None = None, texts: list[str] | None = None,
+              align: str = "mean", ridge: float = 1e-1, holdout_every: int = 5) -> LstsqProjector:
+    """Closed-form ridge fit per mapped layer; every `holdout_every`-th paragraph is held out for R²."""
+    lmap = (LayerMap.build(layer_map or "proportional", master, slave) if not isinstance(layer_map, LayerMap)
+            else layer_map.validate_for(master, slave))
+    texts = texts or calibration_paragraphs()
+    held = [t for n, t in enumerate(texts) if holdout_every and n % holdout_every == holdout_every - 1]
+    train = [t for t in texts if t not in held] or texts
+    t0 = time.perf_counter()
+    xtx, xty, n_tok = {}, {}, 0
+    for text in tqdm(train, desc=f"fit {slave.name}->{master.name}", leave=False):
+        for i, kinds in _pairs(master, slave, text, lmap, align).items():
+            for kind, (x, y) in kinds.items():
+                x = torch.cat([x, torch.ones(x.shape[0], 1, dtype=x.dtype)], 1)  # bias column
+                key = f"{kind}.{i}"
+                xtx[key] = xtx.get(key, 0) + x.T @ x
+                xty[key] = xty.get(key, 0) + x.T @ y
+            n_tok += x.shape[0] if kinds else 0
+    n_tok //= max(len(lmap), 1)
+    weights = {}
+    for key, a in xtx.items():
+        lam = ridge * a.diagonal().mean()
+        weights[key] = torch.linalg.solve(a + lam * torch.eye(a.shape[0], dtype=a.dtype), xty[key]).float()
+    proj = LstsqProjector(weights, {
+        "master": {"name": master.name, "fingerprint": master.fingerprint, "kv_heads": master.spec.kv_heads,
+                   "head_dim": master.spec.head_dim},
+        "slave": {"name": slave.name, "fingerprint": slave.fingerprint, "kv_heads": slave.spec.kv_heads,
+                  "head_dim": slave.spec.head_dim},
+        "layer_map": lmap.to_dict(), "ridge": ridge, "align": align, "n_tokens": n_tok,
+        "fit_seconds": round(time.perf_counter() - t0, 2)})
+    proj.meta["r2"] = r2_scores(proj, master, slave, held or train[-1:], lmap, align)
+    return proj
+
+
+def r2_scores(proj: LstsqProjector, master: LM, slave: LM, texts: list[str], lmap: LayerMap,
+              align: str) -> dict[str, dict[str, float]]:
+    """R² of the projection on `texts`, per master layer, for keys and values."""
+    sse: dict[str, float] = {}
+    sst: dict[str, float] = {}
+    for text in texts:
+        for i, kinds in _pairs(master, slave, text, lmap, align).items():
+            for kind, (x, y) in kinds.items():
+                w = proj.weights[f"{kind}.{i}"].double()
+                pred = x @ w[:-1] + w[-1]
+                key = f"{kind}.{i}"
+                sse[key] = sse.get(key, 0.0) + float(((pred - y) ** 2).sum())
+                sst[key] = sst.get(key, 0.0) + float(((y - y.mean(0)) ** 2).sum())
+    return {str(i): {kind: 1 - sse[f"{kind}.{i}"] / max(sst[f"{kind}.{i}"], 1e-12) for kind in ("k", "v")}
+            for i in lmap.pairs}

@@ -1,0 +1,67 @@
+"""Next-token choice: greedy, or temperature + top-p sampling with an explicit seeded generator."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..errors import FusionLabError
+
+
+@dataclass
+class SamplingConfig:
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    generator: torch.Generator | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.temperature <= 0:
+            raise FusionLabError(f"temperature must be > 0, got {self.temperature} (use do_sample=False for greedy).")
+        if not 0 < self.top_p <= 1:
+            raise FusionLabError(f"top_p must be in (0, 1], got {self.top_p}.")
+        if self.do_sample:
+            self.generator = torch.Generator()
+            self.generator.manual_seed(self.seed if self.seed is not None else torch.seed())
+
+
+def next_token(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """logits (1, V) -> token id (1, 1)."""
+    if not cfg.do_sample:
+        return logits.argmax(dim=-1, keepdim=True)
+    probs = torch.softmax(logits.float().cpu() / cfg.temperature, dim=-1)  # (1, V)
+    if cfg.top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        keep = sorted_p.cumsum(-1) - sorted_p < cfg.top_p  # always keeps the top token
+        sorted_p = sorted_p * keep
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+    tok = torch.multinomial(probs / probs.sum(-1, keepdim=True), 1, generator=cfg.generator)
+    return tok.to(logits.device)
+
+
+# --- when to stop ---------------------------------------------------------------------------------------
+def hit_stop(tokenizer: Any, new: list[int], stop: list[str] | None) -> bool:
+    """Does the tail of the generated text contain a stop string? (decodes only the last few tokens)"""
+    if not stop:
+        return False
+    tail = tokenizer.decode(new[-8:], skip_special_tokens=True)
+    return any(s in tail for s in stop)
+
+
+def cut_at_stop(text: str, stop: list[str] | None) -> str:
+    """`text` cut before the first stop string it contains."""
+    cuts = [text.find(s) for s in stop or [] if s in text]
+    return text[: min(cuts)] if cuts else text
+
+
+def eos_ids(master: Any, eos: int | list[int] | None) -> set[int]:
+    """End-of-sequence ids: the given ones, else the generation config's, else the tokenizer's."""
+    if eos is None:
+        eos = master.model.generation_config.eos_token_id
+        if eos is None:
+            eos = master.tokenizer.eos_token_id
+    if eos is None:
+        return set()
+    return {eos} if isinstance(eos, int) else set(eos)

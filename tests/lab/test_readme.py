@@ -1,0 +1,47 @@
+"""README blocks: rendered from saved results only, and the committed README equals what they render."""
+from __future__ import annotations
+
+import pandas as pd
+
+from fusionlab import stats
+from fusionlab.lab import readme
+from fusionlab.paths import readme_path
+
+
+def test_write_ledger_replaces_block(tmp_path, monkeypatch):
+    path = tmp_path / "README.md"
+    path.write_text("top\n<!-- ledger:begin -->\nOLD-BLOCK\n<!-- ledger:end -->\nbottom\n")
+    monkeypatch.setattr(readme, "blocks", lambda: {"ledger": "NEW", "bench": "unused"})
+    readme.write_ledger(path)
+    assert path.read_text() == "top\n<!-- ledger:begin -->\nNEW\n<!-- ledger:end -->\nbottom\n"
+
+
+def test_ledger_markdown_from_a_frame():
+    df = pd.DataFrame([{"claim": "x beats y", "seed_value": "2.3x", "measured": "1.2x | a", "n": "n=4",
+                        "verdict": "not supported", "notebook": "nb", "run": "full"}])
+    assert readme.ledger_markdown(df).splitlines()[2] == "| x beats y | 2.3x | 1.2x / a | n=4 | not supported | nb | full |"
+    assert readme.ledger_markdown(pd.DataFrame()).startswith("_No results saved yet")
+
+
+def test_humaneval_table_from_saved_results(tmp_path):
+    rows = [("master alone", t, p, "passed" if p else "wrong or crashed") for t, p in zip("abcd", [1, 1, 1, 0])]
+    rows += [("+s", t, p, "passed" if p else "syntax error") for t, p in zip("abcd", [0, 0, 1, 0])]
+    df = pd.DataFrame(rows, columns=["setting", "task_id", "passed", "kind"]).assign(
+        passed=lambda d: d["passed"].astype(bool), seconds=2.0, new_tokens=10, extra_kv_bytes=[0] * 4 + [2**20] * 4)
+    df.to_csv(tmp_path / "04_humaneval.default.csv", index=False)
+    md = readme.humaneval_markdown(tmp_path).splitlines()
+    lo, hi = stats.wilson(3, 4)
+    assert md[2] == f"| master alone | 3/4 = 75.0% [{lo:.1%}, {hi:.1%}] | - | 0 of 4 | 2.0 | 5.0 | 0.00 |"
+    lo, hi = stats.wilson(1, 4)  # McNemar: 2 discordant pairs, both for the master -> p = 2 * 1/4 = 0.5
+    assert md[3] == f"| +s | 1/4 = 25.0% [{lo:.1%}, {hi:.1%}] | 0.5 | 3 of 4 | 2.0 | 5.0 | 1.00 |"
+    assert "04_humaneval.default.csv" in md[-1]
+    assert readme.humaneval_markdown(tmp_path / "none").startswith("_Not measured yet")
+
+
+def test_readme_tables_are_generated_from_the_saved_results():
+    """Every generated README block equals what `fusionlab ledger` writes from the committed results
+    (regenerate with `fusionlab ledger` after a lab run)."""
+    text = readme_path().read_text()
+    for name, body in readme.blocks().items():
+        begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+        assert text[text.index(begin) + len(begin):text.index(end)].strip() == body.strip(), name

@@ -1,0 +1,76 @@
+"""The one resumable cell cache: keys, resume, skipped cells, cut lines, and concurrent writers."""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+from contextlib import nullcontext
+
+import pytest
+
+from fusionlab.cells import Cell, CellCache, cell_key, run_cells
+from fusionlab.errors import ContextTooLong, FusionLabError
+
+
+def test_key_is_stable_and_order_sensitive():
+    assert cell_key("a", 1, {"x": 2}) == cell_key("a", 1, {"x": 2})
+    assert cell_key("a", 1) != cell_key(1, "a") and len(cell_key("a")) == 64
+
+
+def test_run_cells_computes_only_what_is_missing_and_records_skips(tmp_path):
+    calls, opened = [], []
+
+    def open_model():
+        opened.append(1)
+        return nullcontext("model")
+
+    def compute(model, c):
+        calls.append(c.item)
+        if c.item == 3:
+            raise ContextTooLong("too long for this model")
+        return {"square": c.item ** 2, "model": model}
+
+    cells = [Cell(cell_key("sq", i), {"i": i}, i) for i in range(5)]
+    cache = CellCache(tmp_path / "c.jsonl")
+    out = run_cells(cache, cells, open_model, compute, desc="t")
+    assert [r.get("square") for r in out] == [0, 1, 4, None, 16] and out[3]["skipped"] == "too long for this model"
+    again = run_cells(CellCache(tmp_path / "c.jsonl"), cells, open_model, compute, desc="t")  # a fresh process
+    assert again == out and len(calls) == 5 and len(opened) == 1  # nothing recomputed, no model opened
+
+
+def test_a_cut_last_line_is_ignored_with_a_warning_and_the_next_append_is_clean(tmp_path):
+    path = tmp_path / "c.jsonl"
+    cache = CellCache(path)
+    cache.add({"key": "a", "v": 1})
+    with path.open("a") as f:
+        f.write('{"key": "b", "v": ')  # a writer killed mid-line
+    with pytest.warns(UserWarning, match=r"c\.jsonl: ignored 1 unreadable line"):
+        again = CellCache(path)
+    assert "a" in again and "b" not in again
+    again.add({"key": "c", "v": 3})
+    with pytest.warns(UserWarning):
+        third = CellCache(path)
+    assert {r["key"] for r in third} == {"a", "c"}
+    assert path.read_text().splitlines()[-1] == json.dumps({"key": "c", "v": 3})
+
+
+def test_record_needs_a_key(tmp_path):
+    with pytest.raises(FusionLabError, match="needs a string 'key'"):
+        CellCache(tmp_path / "c.jsonl").add({"v": 1})
+
+
+def _writer(path: str, who: int, n: int) -> None:
+    cache = CellCache(path)
+    for i in range(n):
+        cache.add({"key": f"{who}-{i}", "payload": "x" * 5000})  # long lines: interleaving would show
+
+
+def test_two_processes_appending_never_interleave(tmp_path):
+    path = tmp_path / "c.jsonl"
+    procs = [mp.get_context("fork").Process(target=_writer, args=(str(path), w, 200)) for w in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    lines = path.read_text().splitlines()
+    assert len(lines) == 400 and all(json.loads(line)["payload"] == "x" * 5000 for line in lines)
+    assert len(CellCache(path)) == 400

@@ -1,0 +1,88 @@
+"""The package's layers import in one direction only (README, "Layout"): read from the source, every import.
+
+foundation (errors, paths, files, cells, runsize, _version) < engine < models < experiments < lab, with
+analysis beside models (it may import the engine, nothing else above the foundation).
+"""
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+import fusionlab
+
+PACKAGE = Path(fusionlab.__file__).parent
+FOUNDATION = {"errors", "paths", "files", "cells", "runsize", "_version"}
+ALLOWED = {
+    "foundation": {"foundation"},
+    "engine": {"foundation", "engine"},
+    "models": {"foundation", "engine", "models"},
+    "analysis": {"foundation", "engine", "analysis"},
+    "experiments": {"foundation", "engine", "models", "analysis", "experiments"},
+    "lab": {"foundation", "engine", "models", "analysis", "experiments", "lab"},
+}
+FACADES = {"__init__", "__main__", "bootstrap"}
+"""The package facade may import anything; bootstrap.py runs as a plain file and may import nothing of ours."""
+
+
+def layer_of(parts: list[str]) -> str | None:
+    """['engine', 'fuse'] -> 'engine'; ['paths'] -> 'foundation'; the facade (`from fusionlab import x`) -> None."""
+    if not parts:
+        return None
+    return "foundation" if parts[0] in FOUNDATION else parts[0] if parts[0] in ALLOWED else None
+
+
+def modules() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if "_data" not in p.parts)
+
+
+def imported(path: Path) -> list[list[str]]:
+    """Every fusionlab module `path` imports (at any depth in the file), as parts below `fusionlab`."""
+    package = list(path.relative_to(PACKAGE).parts[:-1])  # the folder: [] for foundation, ['engine'], ...
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out += [n.name.split(".")[1:] for n in node.names if n.name.split(".")[0] == "fusionlab"]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)]
+                if node.module is None:  # `from . import x`: each x is a module of that package
+                    out += [base + [a.name] for a in node.names]
+                else:
+                    out.append(base + node.module.split("."))
+            elif node.module and node.module.split(".")[0] == "fusionlab":
+                out.append(node.module.split(".")[1:])  # `from fusionlab import x` -> [] (the facade)
+    return out
+
+
+def test_every_module_belongs_to_a_layer():
+    for path in modules():
+        parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+        assert parts[0] in FACADES or layer_of(parts) is not None, f"{path.name}: in no layer; add it to one"
+
+
+@pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_imports_run_one_way(path):
+    parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+    if parts[0] in FACADES:
+        if parts[0] == "bootstrap":
+            assert not imported(path), "bootstrap.py must run with the standard library alone"
+        return
+    mine = layer_of(parts)
+    for target in imported(path):
+        theirs = layer_of(target)
+        where = ".".join(target) or "fusionlab (the facade)"
+        assert theirs in ALLOWED[mine], f"{'.'.join(parts)} ({mine}) imports {where} ({theirs})"
+
+
+def test_the_checker_catches_a_wrong_way_import(tmp_path, monkeypatch):
+    """Mutation check: an engine module importing the lab must be reported."""
+    fake = tmp_path / "fusionlab"
+    (fake / "engine").mkdir(parents=True)
+    bad = fake / "engine" / "bad.py"
+    bad.write_text("from ..lab.results import save_table\nfrom ..errors import FusionLabError\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
+    assert imported(bad) == [["lab", "results"], ["errors"]]
+    assert layer_of(["lab", "results"]) not in ALLOWED["engine"]
