@@ -3,6 +3,10 @@
 Training-free (closed form): the same calibration text goes through both models, tokens are paired by
 character offsets, and X^T X / X^T Y are accumulated in float64, so memory stays flat in the text length.
 Held-out paragraphs give R² per layer, reported with the projector.
+
+Bit-reproducible: the whole fit (both models' forward passes, the accumulation, the solve) runs with a fixed thread
+count (`threads=1` by default, see determinism.py), so the same models and text give torch.equal weights whatever
+`torch.set_num_threads` the caller uses.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from .kv_capture import capture_kv
 from .layermap import LayerMap
 from .lm import LM
 from .projector import LstsqProjector
+from .determinism import fixed_threads
 from .token_align import align_tokens, identity_alignment
 
 
@@ -50,8 +55,18 @@ def _pairs(master: LM, slave: LM, text: str, lmap: LayerMap, align: str):
 
 
 def fit_lstsq(master: LM, slave: LM, layer_map: LayerMap | str | None = None, texts: list[str] | None = None,
-              align: str = "mean", ridge: float = 1e-1, holdout_every: int = 5) -> LstsqProjector:
-    """Closed-form ridge fit per mapped layer; every `holdout_every`-th paragraph is held out for R²."""
+              align: str = "mean", ridge: float = 1e-1, holdout_every: int = 5, threads: int | None = 1) -> LstsqProjector:
+    """Closed-form ridge fit per mapped layer; every `holdout_every`-th paragraph is held out for R².
+    `threads`: the fixed thread count that makes the fit bit-reproducible (None: the caller's setting, faster on many
+    cores but reproducible only at that same count)."""
+    with fixed_threads(threads):
+        proj = _fit(master, slave, layer_map, texts, align, ridge, holdout_every)
+    proj.meta["threads"] = threads
+    return proj
+
+
+def _fit(master: LM, slave: LM, layer_map: LayerMap | str | None, texts: list[str] | None, align: str, ridge: float,
+         holdout_every: int) -> LstsqProjector:
     lmap = (LayerMap.build(layer_map or "proportional", master, slave) if not isinstance(layer_map, LayerMap)
             else layer_map.validate_for(master, slave))
     texts = texts or calibration_paragraphs()

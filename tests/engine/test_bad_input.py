@@ -84,3 +84,8 @@ def test_double_fuse_and_closed_use(tiny):
     f.close()
     with pytest.raises(FusionLabError, match="closed"):
         f("hello")
+
+
+def test_fit_threads_must_be_positive(tiny):
+    with pytest.raises(FusionLabError, match="threads must be a positive int"):
+        fl.fit_lstsq(tiny("tiny-qwen2"), tiny("tiny-gemma3"), texts=[TEXT], holdout_every=0, threads=0)

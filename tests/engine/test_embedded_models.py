@@ -108,3 +108,25 @@ def test_qwen_theta_shifted_layer0_and_masks(qwen):
             f(ids)
     for probs, k_pos in rows:
         assert probs[0][:, k_pos[None, :] > torch.arange(ids.shape[1])[:, None]].abs().sum() == 0
+
+
+def test_lstsq_fit_is_bit_identical_across_thread_counts(qwen):
+    """The fit runs at a fixed thread count, so torch.set_num_threads does not change a single bit of it; control:
+    the plain forward passes do differ between 1 and 2 threads here, so the equality is not an accident."""
+    from fusionlab.engine.kv_capture import capture_kv
+
+    s = fl.load(SMOL)
+    texts = fl.fit.calibration_paragraphs()[:6]
+    before = torch.get_num_threads()
+    fits, caps = [], []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            fits.append(fl.fit_lstsq(qwen, s, texts=texts, holdout_every=3))
+            caps.append(capture_kv(qwen, qwen.encode(" ".join(texts)), [12]).keys[12])
+    finally:
+        torch.set_num_threads(before)
+    assert not torch.equal(caps[0], caps[1])  # the control: thread count matters to a free-running forward
+    assert fits[0].weights.keys() == fits[1].weights.keys()
+    assert all(torch.equal(fits[0].weights[k], fits[1].weights[k]) for k in fits[0].weights)
+    assert fits[0].meta["r2"] == fits[1].meta["r2"] and fits[0].meta["threads"] == 1
