@@ -104,22 +104,31 @@ _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cp
 
 def _prefill_split(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, joint: JointBuffer,
                    q_pos: torch.Tensor, scale: float) -> torch.Tensor | None:
-    """Prefill from scratch when every slot region sits exactly at the queries' positions: each part
-    (own keys, each slave's slots) is plain causal attention, so run causal flash per part and merge the
-    parts exactly by their log-sum-exp (+ log gate). Skips the masked upper triangle; None if it doesn't apply."""
+    """Prefill from scratch (no earlier own keys) when every slot region is plain attention: slots exactly at the
+    queries' positions (a causal part, the prompt's own slaves) or wholly before them (a non-causal part: a context
+    every query sees). Run flash per part and merge the parts exactly by their log-sum-exp (+ log gate); skips the
+    masked upper triangle. None if it doesn't apply."""
     q = query.shape[2]
-    if _FLASH_CPU is None or query.device.type != "cpu" or key.shape[2] != q or int(q_pos[0]) != 0:
+    if _FLASH_CPU is None or query.device.type != "cpu" or key.shape[2] != q:
         return None
-    parts = [(key, value, 0.0)]
+    parts = [(key, value, 0.0, True)]
     for start, size, gate in joint.regions:
         pos = joint.pos[start:start + size]
-        if not torch.equal(pos[:q], q_pos) or (size > q and bool((pos[q:] != FAR).any())):
+        n = int((pos != FAR).sum())
+        if n == 0 or bool((pos[n:] != FAR).any()):  # filled entries must be a prefix of the region
             return None
-        parts.append((joint.k[:, :, start:start + q], joint.v[:, :, start:start + q], math.log(gate)))
+        if n == q and torch.equal(pos[:n], q_pos):
+            causal = True
+        elif int(pos[:n].max()) < int(q_pos[0]):
+            causal = False
+        else:
+            return None
+        parts.append((joint.k[:, :, start:start + n], joint.v[:, :, start:start + n], math.log(gate), causal))
     n_rep = query.shape[1] // key.shape[1]
     outs, lses = [], []
-    for k, v, bias in parts:
-        o, lse = _FLASH_CPU(query, repeat_kv(k, n_rep), repeat_kv(v, n_rep), 0.0, True, attn_mask=None, scale=scale)
+    for k, v, bias, causal in parts:
+        o, lse = _FLASH_CPU(query, repeat_kv(k, n_rep), repeat_kv(v, n_rep), 0.0, causal, attn_mask=None,
+                            scale=scale)
         outs.append(o)
         lses.append(lse.float() + bias)  # (B, H, Q)
     m = torch.stack(lses).amax(0)

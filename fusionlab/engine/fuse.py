@@ -16,6 +16,7 @@ from ..errors import ContextTooLong, FusionLabError
 from . import attention as att
 from . import registry
 from .arch import attn_module
+from .context import ContextLayout, layout
 from .lm import LM
 from .placement import SequenceState, live_step, place_slots
 from .sampling import SamplingConfig, cut_at_stop, eos_ids, hit_stop, next_token
@@ -76,12 +77,14 @@ class FusedModel:
             raise FusionLabError("this FusedModel is closed; call fl.fuse(...) again.")
 
     # --- inputs -----------------------------------------------------------------------------------------
-    def encode(self, prompt: str | torch.Tensor, chat: bool = False) -> tuple[torch.Tensor, str | None]:
+    def encode(self, prompt: str | torch.Tensor, chat: bool = False,
+               special_tokens: bool = True) -> tuple[torch.Tensor, str | None]:
+        """(ids (1, T), text or None); `special_tokens=False` when the prompt continues a context."""
         if isinstance(prompt, str):
             if not prompt:
                 raise FusionLabError("the prompt is empty; pass some text.")
             text = self.master.chat_prompt(prompt) if chat else prompt
-            return self.master.encode(text), text
+            return self.master.encode(text, special_tokens), text
         ids = torch.as_tensor(prompt)
         ids = ids.view(1, -1) if ids.dim() == 1 else ids
         if ids.shape[0] != 1:
@@ -90,7 +93,13 @@ class FusedModel:
             raise FusionLabError("the prompt is empty (0 tokens).")
         return ids.to(self.master.device), None
 
-    def _check_length(self, n: int) -> None:
+    def _layout(self, context: str | list[str] | None) -> ContextLayout | None:
+        return None if context is None else layout(self.master, self.slaves, context, self.timing)
+
+    def _check_length(self, n: int, context: ContextLayout | None = None) -> None:
+        if context is not None and context.length + n > self.master.spec.max_positions:
+            raise ContextTooLong(f"context of {context.length} master tokens plus {n} own tokens exceeds master "
+                                 f"{self.master.name}'s max positions {self.master.spec.max_positions}.")
         if n > self.master.spec.max_positions:
             raise ContextTooLong(f"sequence of {n} tokens exceeds master {self.master.name}'s max positions "
                                  f"{self.master.spec.max_positions}; shorten the prompt or max_new_tokens.")
@@ -116,13 +125,19 @@ class FusedModel:
         return out.logits
 
     @torch.inference_mode()
-    def __call__(self, prompt: str | torch.Tensor, prompt_len: int | None = None) -> torch.Tensor:
-        """Logits (1, T, V) of the whole input. Slaves read the first `prompt_len` tokens (default all)."""
+    def __call__(self, prompt: str | torch.Tensor, prompt_len: int | None = None,
+                 context: str | list[str] | None = None) -> torch.Tensor:
+        """Logits (1, T, V) of the whole input. Slaves read the first `prompt_len` tokens (default all), or, with
+        `context`, only the context (see context.py): the master's tokens then start after it."""
         self._check_open()
-        ids, text = self.encode(prompt)
-        self._check_length(ids.shape[1])
+        ctx = self._layout(context)
+        if ctx is not None and prompt_len is not None:
+            raise FusionLabError("prompt_len has no meaning with context=: the slaves read the context, not the prompt.")
+        ids, text = self.encode(prompt, special_tokens=ctx is None)
+        self._check_length(ids.shape[1], ctx)
         prompt_len = ids.shape[1] if prompt_len is None else prompt_len
-        seq = place_slots(self._runtimes, self.master, self.slaves, ids, text, prompt_len, ids.shape[1], self.timing)
+        seq = place_slots(self._runtimes, self.master, self.slaves, ids, text, prompt_len, ids.shape[1], self.timing,
+                          ctx)
         if self.timing == "live" and prompt_len < ids.shape[1]:
             logits = [self._forward(seq, ids[:, :prompt_len])]
             for t in range(prompt_len, ids.shape[1]):
@@ -132,14 +147,16 @@ class FusedModel:
         return self._forward(seq, ids)
 
     @torch.inference_mode()
-    def prefill(self, prompt: str | torch.Tensor, max_new_tokens: int = 0, chat: bool = False
-                ) -> tuple[SequenceState, torch.Tensor, torch.Tensor]:
-        """Slaves read the prompt, slots are placed, the master reads it: (sequence, prompt ids, last logits)."""
+    def prefill(self, prompt: str | torch.Tensor, max_new_tokens: int = 0, chat: bool = False,
+                context: str | list[str] | None = None) -> tuple[SequenceState, torch.Tensor, torch.Tensor]:
+        """Slaves read the prompt (or the context), slots are placed, the master reads the prompt:
+        (sequence, prompt ids, last logits)."""
         self._check_open()
-        ids, text = self.encode(prompt, chat=chat)
-        self._check_length(ids.shape[1] + max_new_tokens)
+        ctx = self._layout(context)
+        ids, text = self.encode(prompt, chat=chat, special_tokens=ctx is None)
+        self._check_length(ids.shape[1] + max_new_tokens, ctx)
         seq = place_slots(self._runtimes, self.master, self.slaves, ids, text, ids.shape[1],
-                          ids.shape[1] + max_new_tokens, self.timing)
+                          ids.shape[1] + max_new_tokens, self.timing, ctx)
         return seq, ids, self._forward(seq, ids, logits_to_keep=1)[:, -1]
 
     @torch.inference_mode()
@@ -153,12 +170,13 @@ class FusedModel:
     def generate(self, prompt: str | torch.Tensor, max_new_tokens: int = 32, do_sample: bool = False,
                  temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None,
                  eos_token_id: int | list[int] | None = None, chat: bool = False,
-                 stop: list[str] | None = None) -> str | torch.Tensor:
+                 stop: list[str] | None = None, context: str | list[str] | None = None) -> str | torch.Tensor:
         """Like HF generate (greedy or sampling). A string in -> the new text out; ids in -> all ids out.
-        `stop`: strings that end generation; the returned text is cut before the first one."""
+        `stop`: strings that end generation; the returned text is cut before the first one.
+        `context`: a text only the slaves read (context offload, see context.py)."""
         cfg = SamplingConfig(do_sample, temperature, top_p, seed)
         eos = eos_ids(self.master, eos_token_id)
-        seq, ids, logits = self.prefill(prompt, max_new_tokens, chat=chat)
+        seq, ids, logits = self.prefill(prompt, max_new_tokens, chat=chat, context=context)
         new: list[int] = []
         for _ in range(max_new_tokens):
             tok = next_token(logits, cfg)  # (1, 1)

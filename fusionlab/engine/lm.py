@@ -65,9 +65,10 @@ class LM:
         return self.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
                                                   add_generation_prompt=True)
 
-    def encode(self, text: str) -> torch.Tensor:
-        """Token ids (1, T) on the model's device; special tokens as the tokenizer adds them."""
-        ids = self.tokenizer(text, return_tensors="pt")["input_ids"]
+    def encode(self, text: str, special_tokens: bool = True) -> torch.Tensor:
+        """Token ids (1, T) on the model's device; special tokens (a BOS) as the tokenizer adds them, unless the text
+        continues a sequence (`special_tokens=False`)."""
+        ids = self.tokenizer(text, return_tensors="pt", add_special_tokens=special_tokens)["input_ids"]
         return ids.to(self.device)
 
     def __repr__(self) -> str:

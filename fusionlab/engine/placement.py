@@ -15,6 +15,7 @@ import torch
 from transformers import DynamicCache
 
 from .attention import LayerRuntime
+from .context import ContextLayout
 from .lm import LM
 from .slave import ResolvedSlave
 from .slot_buffer import NO_SLOT, Injection, JointBuffer
@@ -55,16 +56,27 @@ class SlaveSlots:
         return self.slave.gates[self.layer]
 
 
-def _slots_of(master: LM, slaves: list[ResolvedSlave], ids: torch.Tensor, text: str | None, timing: str,
+@dataclass(frozen=True)
+class Reading:
+    """What one slave reads: the text as master ids (1, T), the text itself, and the master position it starts at."""
+
+    master_ids: torch.Tensor
+    text: str | None
+    start: int = 0
+    special_tokens: bool = True
+    """Whether `master_ids` carry the master tokenizer's special tokens (a context after another does not)."""
+
+
+def _slots_of(master: LM, slaves: list[ResolvedSlave], readings: list[Reading], timing: str,
               extra: int) -> tuple[dict[int, list[SlaveSlots]], list[Any]]:
-    """Each slave reads the prompt ids (1, T); its slots per mapped master layer (zero gates place nothing)."""
+    """Each slave reads its text; its slots per mapped master layer (zero gates place nothing)."""
     per_layer: dict[int, list[SlaveSlots]] = {}
     caches = []
-    for si, s in enumerate(slaves):
-        s_ids, al = s.slave_inputs(master, ids, text)
+    for si, (s, r) in enumerate(zip(slaves, readings)):
+        s_ids, al = s.slave_inputs(master, r.master_ids, r.text, r.special_tokens)
         cache = DynamicCache(config=s.lm.model.config) if timing == "live" else None
         cap = s.capture_kv(s_ids, cache=cache)
-        pos = al.master_index.to(master.device)  # (S,)
+        pos = al.master_index.to(master.device) + r.start  # (S,) master positions
         room = pos.numel() + (extra if timing == "live" else 0)
         for i in s.layer_map.pairs:
             if s.gates[i] > 0:  # a zero gate contributes nothing: no slots, no cost
@@ -74,14 +86,15 @@ def _slots_of(master: LM, slaves: list[ResolvedSlave], ids: torch.Tensor, text: 
     return per_layer, caches
 
 
-def _fill_layer(rt: LayerRuntime, items: list[SlaveSlots], capacity: int, master: LM, timing: str) -> None:
-    """Allocate this layer's buffers and write every slave's slots into them."""
+def _fill_layer(rt: LayerRuntime, items: list[SlaveSlots], capacity: int, master: LM, timing: str,
+                own_base: int) -> None:
+    """Allocate this layer's buffers (own keys from position `own_base`) and write every slave's slots into them."""
     rt.injections, rt.joint = [], None
     concat_room = sum(x.room for x in items if x.mode == "concat")
     if concat_room:
         like = items[0].k
         rt.joint = JointBuffer.allocate(like.shape[1], like.shape[3], concat_room, capacity, master.dtype,
-                                        master.device)
+                                        master.device, own_base)
     offset = 0
     for x in items:
         if x.mode == "concat":
@@ -90,7 +103,7 @@ def _fill_layer(rt: LayerRuntime, items: list[SlaveSlots], capacity: int, master
         else:
             kb = torch.empty(1, x.k.shape[1], x.room, x.k.shape[3], dtype=x.k.dtype, device=x.k.device)
             vb, pb = torch.empty_like(kb), torch.empty(x.room, dtype=torch.long, device=x.k.device)
-        lookup = torch.full((capacity,), NO_SLOT, dtype=torch.long, device=x.k.device)
+        lookup = torch.full((own_base + capacity,), NO_SLOT, dtype=torch.long, device=x.k.device)
         inj = Injection(x.slave_index, x.mode, x.gate, kb, vb, pb, lookup)
         inj.append(x.k, x.v, x.pos)
         rt.injections.append(inj)
@@ -99,12 +112,20 @@ def _fill_layer(rt: LayerRuntime, items: list[SlaveSlots], capacity: int, master
 
 
 def place_slots(runtimes: dict[int, LayerRuntime], master: LM, slaves: list[ResolvedSlave], ids: torch.Tensor,
-                text: str | None, prompt_len: int, capacity: int, timing: str) -> SequenceState:
-    """Run every slave on the first `prompt_len` ids and place its slots, pre-allocated for `capacity` tokens."""
-    per_layer, caches = _slots_of(master, slaves, ids[:, :prompt_len], text, timing, capacity - prompt_len)
+                text: str | None, prompt_len: int, capacity: int, timing: str,
+                context: ContextLayout | None = None) -> SequenceState:
+    """Run every slave on the first `prompt_len` ids (or on its context) and place its slots, pre-allocated for
+    `capacity` own tokens of the master. With a context the master's own tokens start after it."""
+    if context is None:
+        text = text if prompt_len == ids.shape[1] else None  # slaves read the first prompt_len tokens only
+        readings, base = [Reading(ids[:, :prompt_len], text)] * len(slaves), 0
+    else:
+        readings = [Reading(sp.master_ids, sp.text, sp.start, sp.start == 0) for sp in context.spans]
+        base = context.length
+    per_layer, caches = _slots_of(master, slaves, readings, timing, capacity - prompt_len)
     for i, rt in runtimes.items():
-        _fill_layer(rt, per_layer.get(i, []), capacity, master, timing)
-    return SequenceState(DynamicCache(config=master.model.config), caches, 0)
+        _fill_layer(rt, per_layer.get(i, []), capacity, master, timing, base)
+    return SequenceState(DynamicCache(config=master.model.config), caches, base)
 
 
 def live_step(runtimes: dict[int, LayerRuntime], master: LM, slaves: list[ResolvedSlave], seq: SequenceState,

@@ -88,15 +88,20 @@ class ResolvedSlave:
     def lm(self) -> LM:
         return self.slave.lm
 
-    def slave_inputs(self, master: LM, master_ids: torch.Tensor, text: str | None) -> tuple[torch.Tensor, TokenAlignment]:
-        """The slave's token ids for the master's prompt and the alignment onto master positions."""
+    def slave_inputs(self, master: LM, master_ids: torch.Tensor, text: str | None,
+                     special_tokens: bool = True) -> tuple[torch.Tensor, TokenAlignment]:
+        """The slave's token ids for a text the master reads as `master_ids` (1, T) (with its special tokens, or
+        without them when the text continues a sequence), and the alignment onto those master positions."""
         if self.same_tokenizer:
             return master_ids, identity_alignment(master_ids.shape[1], master_ids.device)
         if text is None:
             text = master.tokenizer.decode(master_ids[0], skip_special_tokens=False)
             if master.tokenizer(text, return_tensors="pt")["input_ids"].tolist() != master_ids.cpu().tolist():
                 raise FusionLabError("cross-tokenizer fusion needs the prompt text: pass a string, not token ids.")
-        al = align_tokens(master.tokenizer, self.lm.tokenizer, text, self.slave.align)
+        al = align_tokens(master.tokenizer, self.lm.tokenizer, text, self.slave.align, special_tokens)
+        if al.n_master != master_ids.shape[1]:
+            raise FusionLabError(f"the text's {al.n_master} master tokens do not match the {master_ids.shape[1]} ids "
+                                 "given; pass the text exactly as the master reads it.")
         ids = self.lm.tokenizer(text, return_tensors="pt")["input_ids"]
         if ids.shape[1] > self.lm.spec.max_positions:
             raise ContextTooLong(f"prompt is {ids.shape[1]} tokens for slave {self.lm.name}, beyond its "

@@ -70,6 +70,8 @@ class JointBuffer:
     src: torch.Tensor
     """(N_cap,) -1 for own keys, else the slave index."""
     own_offset: int
+    own_base: int = 0
+    """Master position of the first own key (context offload: the context's length; else 0)."""
     regions: list[tuple[int, int, float]] = field(default_factory=list)
     """(start, size, gate) of each slave's slot region."""
     dense: bool = False
@@ -77,15 +79,15 @@ class JointBuffer:
 
     @classmethod
     def allocate(cls, h: int, d: int, slots: int, tokens: int, dtype: torch.dtype,
-                 device: torch.device) -> "JointBuffer":
-        """Room for `slots` injected entries (all concat slaves) and `tokens` own keys."""
+                 device: torch.device, own_base: int = 0) -> "JointBuffer":
+        """Room for `slots` injected entries (all concat slaves) and `tokens` own keys from position `own_base`."""
         n = slots + tokens
         return cls(torch.zeros(1, h, n, d, dtype=dtype, device=device),
                   torch.zeros(1, h, n, d, dtype=dtype, device=device),
                   torch.full((n,), FAR, dtype=torch.long, device=device),
                   torch.zeros(n, dtype=torch.float32, device=device),
                   torch.ones(n, dtype=torch.bool, device=device),
-                  torch.full((n,), -1, dtype=torch.long, device=device), slots)
+                  torch.full((n,), -1, dtype=torch.long, device=device), slots, own_base)
 
     def region(self, start: int, size: int, slave: int, gate: float, window_slots: bool):
         """Views (k, v, pos) of one slave's slot region; sets its bias, window flag and source."""
@@ -99,8 +101,8 @@ class JointBuffer:
     def write_own(self, key: torch.Tensor, value: torch.Tensor, q_pos: torch.Tensor) -> int:
         """Store the new tokens' own K/V (the last Q of `key`) at their positions; returns entries in use."""
         q = q_pos.numel()
-        idx = self.own_offset + q_pos
+        idx = self.own_offset + q_pos - self.own_base
         self.k[:, :, idx] = key[:, :, -q:]
         self.v[:, :, idx] = value[:, :, -q:]
         self.pos[idx] = q_pos
-        return self.own_offset + int(q_pos[-1]) + 1
+        return self.own_offset + int(q_pos[-1]) - self.own_base + 1

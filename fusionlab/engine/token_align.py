@@ -55,19 +55,21 @@ def identity_alignment(n: int, device: torch.device | str = "cpu") -> TokenAlign
     return TokenAlignment(torch.arange(n, device=device), [[i] for i in range(n)], "first", n, n)
 
 
-def offsets(tokenizer, text: str) -> list[tuple[int, int]]:
+def offsets(tokenizer, text: str, special_tokens: bool = True) -> list[tuple[int, int]]:
     if not getattr(tokenizer, "is_fast", False):
         raise FusionLabError(f"{type(tokenizer).__name__} is not a fast tokenizer, so it has no character "
                              "offsets; cross-tokenizer alignment needs one (load the model's tokenizer.json).")
-    enc = tokenizer(text, return_offsets_mapping=True)
+    enc = tokenizer(text, return_offsets_mapping=True, add_special_tokens=special_tokens)
     return [tuple(o) for o in enc["offset_mapping"]]
 
 
-def align_tokens(master_tok, slave_tok, text: str, strategy: str = "mean") -> TokenAlignment:
-    """Pair each master token with the slave tokens whose character spans overlap it."""
+def align_tokens(master_tok, slave_tok, text: str, strategy: str = "mean",
+                 master_special_tokens: bool = True) -> TokenAlignment:
+    """Pair each master token with the slave tokens whose character spans overlap it. `master_special_tokens`:
+    whether the master's ids of `text` carry its special tokens (False when the text continues a sequence)."""
     if strategy not in STRATEGIES:
         raise FusionLabError(f"unknown alignment strategy {strategy!r}; use one of {STRATEGIES}.")
-    mo, so = offsets(master_tok, text), offsets(slave_tok, text)
+    mo, so = offsets(master_tok, text, master_special_tokens), offsets(slave_tok, text)
     index, groups, j0 = [], [], 0
     for i, (a, b) in enumerate(mo):
         if b <= a:

@@ -130,3 +130,23 @@ def test_lstsq_fit_is_bit_identical_across_thread_counts(qwen):
     assert fits[0].weights.keys() == fits[1].weights.keys()
     assert all(torch.equal(fits[0].weights[k], fits[1].weights[k]) for k in fits[0].weights)
     assert fits[0].meta["r2"] == fits[1].meta["r2"] and fits[0].meta["threads"] == 1
+
+
+def test_qwen_self_offload_equals_the_master_reading_the_document(qwen, qwen_slave):
+    """The context-offload anchor on the real model: a copy of Qwen reads the document, the master only the question."""
+    from fusionlab.experiments.niah import load_needles
+
+    needle = load_needles()[0]
+    doc = ("Notes from the planning meeting. " * 6) + needle.needle + " " + needle.distractor
+    question = qwen.chat_prompt(needle.question)
+    d = qwen.encode(doc)
+    ids = torch.cat([d, qwen.encode(question, special_tokens=False)], dim=1)
+    ref = master_logits(qwen, ids)[:, d.shape[1]:]
+    with fl.fuse(qwen, [fl.Slave(qwen_slave, mode="concat", rope="master")]) as f:
+        out = f(question, context=doc)
+        answer = f.generate(question, context=doc, max_new_tokens=12)
+    assert (out - ref).abs().max() <= 1e-3
+    with fl.fuse(qwen, []) as plain:
+        sky = plain.generate(ids, max_new_tokens=12)
+    assert answer == qwen.tokenizer.decode(sky[0, ids.shape[1]:], skip_special_tokens=True)
+    assert "lisbon" in answer.lower()
