@@ -1,8 +1,9 @@
-"""Intervals for rates and ratios: Wilson for proportions, percentile bootstrap for anything else."""
+"""Intervals for rates and ratios (Wilson for proportions, percentile bootstrap for anything else) and the exact
+McNemar test for paired pass/fail outcomes."""
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -27,3 +28,12 @@ def bootstrap_ci(values: Sequence[float], stat: Callable[[np.ndarray], float] = 
     stats = [stat(x[rng.integers(0, x.size, x.size)]) for _ in range(n_boot)]
     lo, hi = np.quantile(stats, [(1 - level) / 2, 1 - (1 - level) / 2])
     return float(lo), float(hi)
+
+
+def mcnemar(a: Sequence[bool], b: Sequence[bool]) -> dict[str, Any]:
+    """Exact McNemar test on paired outcomes (two-sided binomial on the discordant pairs): is b different from a?"""
+    x, y = np.asarray(a, dtype=bool), np.asarray(b, dtype=bool)
+    only_a, only_b = int((x & ~y).sum()), int((~x & y).sum())
+    n, k = only_a + only_b, min(only_a, only_b)
+    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n) if n else 1.0
+    return {"only_baseline": only_a, "only_setting": only_b, "p_value": p}

@@ -8,7 +8,6 @@ recorded as a failure with its reason. Generations are cached on disk (JSONL), s
 from __future__ import annotations
 
 import json
-import math
 from contextlib import closing
 import random
 import subprocess
@@ -19,7 +18,7 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from ..analysis.stats import wilson
+from ..analysis.stats import mcnemar, wilson
 from ..cells import Cell, CellCache, cell_key, run_cells
 from ..engine.fuse import FusedModel
 from ..paths import cache_dir
@@ -96,16 +95,6 @@ def failure_kinds(df: pd.DataFrame) -> pd.DataFrame:
                         pd.Categorical(df["kind"], categories=KINDS), dropna=False)
     table.index.name, table.columns.name = "setting", None
     return table.loc[:, (table.sum() > 0) | table.columns.isin(KINDS[:3])]
-
-
-def mcnemar(a: pd.Series, b: pd.Series) -> dict[str, Any]:
-    """Exact McNemar test on paired pass/fail outcomes (two-sided binomial on the discordant pairs)."""
-    only_a = int((a & ~b).sum())
-    only_b = int((~a & b).sum())
-    n = only_a + only_b
-    k = min(only_a, only_b)
-    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n) if n else 1.0
-    return {"only_baseline": only_a, "only_setting": only_b, "p_value": p}
 
 
 def paired(df: pd.DataFrame, baseline: str) -> pd.DataFrame:

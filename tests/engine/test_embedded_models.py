@@ -150,3 +150,19 @@ def test_qwen_self_offload_equals_the_master_reading_the_document(qwen, qwen_sla
         sky = plain.generate(ids, max_new_tokens=12)
     assert answer == qwen.tokenizer.decode(sky[0, ids.shape[1]:], skip_special_tokens=True)
     assert "lisbon" in answer.lower()
+
+
+def test_readme_context_offload_example_runs():
+    """The README's context-offload example, executed as written: the self-copy answers from the document."""
+    import contextlib
+    import io
+    import re
+
+    from fusionlab.paths import readme_path
+
+    block = re.search(r"### Context offload in ten lines.*?```python\n(.*?)```", readme_path().read_text(), re.S).group(1)
+    assert len([ln for ln in block.splitlines() if ln.strip()]) <= 10
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(block, "README.md", "exec"), {})
+    assert "lisbon" in out.getvalue().splitlines()[-1].lower()

@@ -1,0 +1,244 @@
+"""Context offload (notebook 06): does a slave's memory reach the master?
+
+Only the slave reads a document; the master sees only the question (`fused.generate(question, context=document)`).
+
+    floor      the master, no document              skyline    the master reads document + question itself
+    offload    slaves read the document             shuffled   slaves read a *different* document (same length,
+                                                               language, depth; it lacks the answer): the control
+
+A self-copy of the master as the slave must equal the skyline (the engine's exact anchor); a real slave's transfer rate
+is (fused - floor) / (skyline - floor). Tasks: one fact (our needles, with their distractor, in real prose), and two
+facts at once (both needed). Documents come from the NIAH haystacks at a fixed master-token length.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from contextlib import closing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+import torch
+
+from ..cells import Cell, CellCache, cell_key, run_cells
+from ..engine.fuse import FusedModel, fuse
+from ..engine.layermap import LayerMap
+from ..engine.lm import LM
+from ..engine.projector import LstsqProjector
+from ..engine.slave import Slave
+from ..errors import FusionLabError
+from ..paths import cache_dir
+from .niah import ABSTAIN, Needle, build_context, load_haystack, load_needles, score
+
+INSTRUCTION = {"en": "Answer the question briefly, using only the document above.",
+               "zh": "请根据上面的文档简短地回答问题。"}
+TWO = {"en": "Answer both questions. (1) {a} (2) {b}", "zh": "请回答两个问题：（1）{a}（2）{b}"}
+HAYSTACKS = {"en": "paul_graham", "zh": "zh"}
+
+
+@dataclass(frozen=True)
+class Item:
+    """One question about one document (and the control's document)."""
+
+    id: str
+    task: str
+    """'fact' or 'two-fact'."""
+    lang: str
+    needles: tuple[Needle, ...]
+    """The fact(s) the answer needs."""
+    length: int
+    depth: float
+    document: str
+    decoy: str
+    """A document of the same length, language and depth holding another fact instead: the shuffled control."""
+
+    @property
+    def question(self) -> str:
+        if self.task == "fact":
+            return self.needles[0].question
+        return TWO[self.lang].format(a=self.needles[0].question, b=self.needles[1].question)
+
+    def prompt(self, master: LM) -> str:
+        return master.chat_prompt(f"{INSTRUCTION[self.lang]}\n\n{self.question}")
+
+
+def wrap(context: str) -> str:
+    return f"<document>\n{context}\n</document>\n"
+
+
+def document(tokenizer: Any, haystack: str, needles: tuple[Needle, ...], length: int, depth: float) -> str:
+    """`length` master tokens of prose holding the fact (and its distractor), or both facts of a two-fact item."""
+    nd = needles[0] if len(needles) == 1 else Needle(f"{needles[0].id}+{needles[1].id}", needles[0].lang,
+                                                     needles[0].needle, "", (), needles[1].needle, ())
+    return wrap(build_context(tokenizer, haystack, nd, length, depth)[0])
+
+
+def build_items(master: LM, facts: list[str], pairs: list[tuple[str, str]], lengths: list[int], depths: list[float],
+                haystacks: dict[str, str] = HAYSTACKS) -> list[Item]:
+    """Every (task, needle or pair, length, depth) item; each decoy holds the next same-language needle not in it."""
+    pool = {n.id: n for n in load_needles()}
+    texts = {lang: load_haystack(name) for lang, name in haystacks.items()}
+    same_lang = {lang: [n for n in pool.values() if n.lang == lang] for lang in texts}
+    groups = [("fact", (pool[f],)) for f in facts] + [("two-fact", (pool[a], pool[b])) for a, b in pairs]
+    items = []
+    for task, nds in groups:
+        lang = nds[0].lang
+        others = [n for n in same_lang[lang] if n not in nds]
+        if not others:
+            raise FusionLabError(f"no other {lang} needle to build the control document for {[n.id for n in nds]}.")
+        for n in lengths:
+            for d in depths:
+                decoy = others[(len(items)) % len(others)]
+                items.append(Item(f"{task}:{'+'.join(x.id for x in nds)}:{n}:{d:g}", task, lang, nds, n, d,
+                                  document(master.tokenizer, texts[lang], nds, n, d),
+                                  document(master.tokenizer, texts[lang], (decoy,), n, d)))
+    return items
+
+
+def score_item(answer: str, item: Item) -> dict[str, Any]:
+    """A fact: niah.score. Two facts: correct iff both answers appear; 'partial' if one does."""
+    if item.task == "fact":
+        return score(answer, item.needles[0])
+    a = answer.lower()
+    hits = [any(x.lower() in a for x in nd.answers) for nd in item.needles]
+    label = "correct" if all(hits) else ("partial" if any(hits) else ("abstain" if ABSTAIN.search(answer) else "wrong"))
+    return {"label": label, "distractor": False}
+
+
+# --- settings ------------------------------------------------------------------------------------------------
+READS = ("nothing", "itself", "document", "decoy")
+
+
+@dataclass
+class Setting:
+    """A way to answer. reads: 'nothing' (floor), 'itself' (skyline: the master reads the document), 'document'
+    (offload), 'decoy' (the shuffled control)."""
+
+    name: str
+    key: str
+    build: Callable[[], FusedModel]
+    reads: str
+    role: str = "offload"
+    """'floor' | 'skyline' | 'self' | 'cross' | 'bus' | 'control' (for the analyses)."""
+    control_of: str | None = None
+    slaves: list[str] = field(default_factory=list)
+
+
+def answer(fused: FusedModel, item: Item, reads: str, max_new_tokens: int) -> str:
+    prompt = item.prompt(fused.master)
+    if reads == "nothing":
+        return fused.generate(prompt, max_new_tokens=max_new_tokens)
+    if reads == "itself":
+        m = fused.master
+        ids = torch.cat([m.encode(item.document), m.encode(prompt, special_tokens=False)], dim=1)
+        out = fused.generate(ids, max_new_tokens=max_new_tokens)
+        return m.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    return fused.generate(prompt, max_new_tokens=max_new_tokens, context=item.document if reads == "document"
+                          else item.decoy)
+
+
+def settings(master: LM, slaves: dict[str, tuple[LM, LstsqProjector]], kvcomm: dict[str, LayerMap] | None = None,
+             naive: list[str] | tuple[str, ...] = (), bus: bool = True, self_copy: bool = True) -> list[Setting]:
+    """floor, skyline, self-offload (+ its control), each slave re-rotated (+ control, + naive keys, + KVComm's
+    layers), and the bus of all slaves (+ control)."""
+    fp = master.fingerprint[:12]
+    none = lambda: fuse(master, [])  # noqa: E731
+    out = [Setting("floor (no document)", f"floor|{fp}", none, "nothing", "floor"),
+           Setting("skyline (master reads it)", f"skyline|{fp}", none, "itself", "skyline")]
+    if self_copy:
+        mk = lambda: fuse(master, [Slave(master, mode="concat", rope="master")])  # noqa: E731
+        out += [Setting("self-offload", f"self|{fp}", mk, "document", "self"),
+                Setting("self-offload, shuffled doc", f"self|{fp}", mk, "decoy", "control", "self-offload")]
+
+    def slave(label: str, rope: str = "master", lmap: LayerMap | None = None) -> Slave:
+        lm, proj = slaves[label]
+        return Slave(lm, layer_map=lmap or proj.layer_map, projector=proj, align="mean", rope=rope)
+
+    for label, (lm, _) in slaves.items():
+        key = f"{fp}|{lm.fingerprint[:12]}|lstsq"
+        mk = lambda label=label: fuse(master, [slave(label)])  # noqa: E731
+        out += [Setting(f"+{label}", key, mk, "document", "cross", slaves=[label]),
+                Setting(f"+{label}, shuffled doc", key, mk, "decoy", "control", f"+{label}", [label])]
+        if label in naive:
+            out.append(Setting(f"+{label}, naive RoPE", key + "|naive",
+                               lambda label=label: fuse(master, [slave(label, "slave")]), "document", "cross",
+                               slaves=[label]))
+        if kvcomm and label in kvcomm:
+            sel = kvcomm[label]
+            out.append(Setting(f"+{label}, KVComm layers", key + f"|kvcomm{sorted(sel.pairs)}",
+                               lambda label=label, sel=sel: fuse(master, [slave(label, lmap=sel)]), "document",
+                               "cross", slaves=[label]))
+    if bus and len(slaves) > 1:
+        key = f"{fp}|bus|" + "|".join(lm.fingerprint[:12] for lm, _ in slaves.values())
+        name = "+" + " +".join(slaves)
+        mk = lambda: fuse(master, [slave(label) for label in slaves])  # noqa: E731
+        out += [Setting(name, key, mk, "document", "bus", slaves=list(slaves)),
+                Setting(f"{name}, shuffled doc", key, mk, "decoy", "control", name, list(slaves))]
+    return out
+
+
+def default_cache() -> Path:
+    return cache_dir() / "offload.jsonl"
+
+
+def run(items: list[Item], grid: list[Setting], max_new_tokens: int = 24, cache: Path | None = None) -> pd.DataFrame:
+    """Every (setting, item) cell, resumable; one row per cell with the answer, its label and its cost."""
+    store = CellCache(cache or default_cache())
+
+    def compute(reads: str) -> Callable[[FusedModel, Cell], dict[str, Any]]:
+        def one(fused: FusedModel, c: Cell) -> dict[str, Any]:
+            t0 = time.perf_counter()
+            text = answer(fused, c.item, reads, max_new_tokens)
+            return {"answer": text, **score_item(text, c.item), "seconds": round(time.perf_counter() - t0, 2)}
+        return one
+
+    rows = []
+    for st in grid:
+        cells = []
+        for it in items:
+            doc = {"nothing": "", "itself": it.document, "document": it.document, "decoy": it.decoy}[st.reads]
+            key = cell_key("offload", st.key, st.reads, it.id, hashlib.sha256(doc.encode()).hexdigest()[:16],
+                           it.question, max_new_tokens)
+            cells.append(Cell(key, {"setting": st.name, "item": it.id, "task": it.task, "lang": it.lang,
+                                    "length": it.length, "depth": it.depth}, it))
+        for rec in run_cells(store, cells, lambda st=st: closing(st.build()), compute(st.reads), desc=st.name):
+            rows.append({**rec, "role": st.role, "control_of": st.control_of})
+    return pd.DataFrame(rows).drop(columns=["key"])
+
+
+@dataclass
+class Plan:
+    """What one run size measures. Calibration needles (KVComm's layer scores) are never evaluated."""
+
+    facts: list[str]
+    pairs: list[tuple[str, str]]
+    lengths: list[int]
+    depths: list[float]
+    slaves: list[str]
+    naive: list[str]
+    kvcomm: list[str]
+    bus: bool
+    max_new_tokens: int = 24
+    calibration: list[str] = field(default_factory=lambda: ["en-person", "zh-person"])
+
+
+def plan(size: str) -> Plan:
+    slaves = ["smollm2-135m-instruct", "gemma3-270m"]
+    if size == "quick":
+        return Plan(["en-city", "en-number"], [], [256], [50], slaves[:1], [], slaves[:1], False, 16, ["en-person"])
+    if size == "default":
+        return Plan(["en-city", "en-number", "zh-city"], [("en-city", "en-number")], [256, 1024, 2048], [50], slaves,
+                    slaves[:1], slaves, True, 16)
+    if size == "full":
+        return Plan(["en-city", "en-number", "en-ingredient", "zh-city", "zh-number", "zh-ingredient"],
+                    [("en-city", "en-number"), ("en-ingredient", "en-city"), ("zh-city", "zh-number"),
+                     ("zh-ingredient", "zh-city")], [256, 1024, 2048, 4096], [25, 75], slaves, slaves, slaves, True)
+    raise FusionLabError(f"unknown run size {size!r}: use 'quick', 'default' or 'full'.")
+
+
+def calibration_samples(master: LM, p: Plan, haystacks: dict[str, str] = HAYSTACKS) -> list[tuple[str, str]]:
+    """(prompt, document) pairs for KVComm's layer scores: calibration needles at the shortest length, never scored."""
+    items = build_items(master, p.calibration, [], [min(p.lengths)], [50], haystacks)
+    return [(it.prompt(master), it.document) for it in items]

@@ -1,0 +1,206 @@
+"""Notebook 06's numbers from the offload cells: accuracy (Wilson), transfer rate (paired bootstrap), each setting
+against its shuffled-document control (exact McNemar), and the two seed claims with their rules.
+
+transfer rate = (acc(setting) - acc(floor)) / (acc(skyline) - acc(floor)), on the items all three answered; the
+bootstrap resamples items (the same draw for the three), and draws where skyline = floor are dropped (their share is
+reported). 1 = the master uses the document as if it had read it; 0 = nothing reached it.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..analysis.stats import mcnemar, wilson
+from .claim import Claim
+
+NB = "06_context_offload"
+MIN_ITEMS = 20
+"""Fewer items than this and a percentile bootstrap can collapse to a point (every draw 0/0): no verdict then."""
+MIN_PER_LENGTH = 5
+
+
+def answered(df: pd.DataFrame) -> pd.DataFrame:
+    """Cells that ran (skipped ones, e.g. a document a slave cannot hold, are listed apart by the notebook)."""
+    return df[df["label"].notna()] if "label" in df else df.iloc[0:0]
+
+
+def accuracy(df: pd.DataFrame, by: list[str] | None = None) -> pd.DataFrame:
+    by = by or ["setting"]
+    rows = []
+    for keys, g in answered(df).groupby(by, sort=False):
+        k, n = int((g["label"] == "correct").sum()), len(g)
+        lo, hi = wilson(k, n)
+        rows.append(dict(zip(by, keys if isinstance(keys, tuple) else (keys,)), role=g["role"].iloc[0], n=n,
+                         correct=k, accuracy=k / n, lo=lo, hi=hi, partial=int((g["label"] == "partial").sum()),
+                         distractor=int(g["distractor"].fillna(False).astype(bool).sum())))
+    return pd.DataFrame(rows)
+
+
+def _paired(df: pd.DataFrame, setting: str, role: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Correctness of `setting`, the floor and the skyline on the items all three answered."""
+    ok = answered(df).assign(ok=lambda d: d["label"] == "correct")
+    col = {name: ok[sel].set_index("item")["ok"] for name, sel in
+           (("s", ok["setting"] == setting), ("f", ok["role"] == "floor"), ("k", ok["role"] == "skyline"))}
+    items = col["s"].index.intersection(col["f"].index).intersection(col["k"].index)
+    return tuple(col[c].reindex(items).to_numpy(bool) for c in ("s", "f", "k"))  # type: ignore[return-value]
+
+
+def transfer_rate(s: np.ndarray, f: np.ndarray, k: np.ndarray, n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
+    """Point estimate and paired percentile-bootstrap 95% CI of (s - f) / (k - f) over items."""
+    def rate(idx: np.ndarray) -> float:
+        gap = k[idx].mean() - f[idx].mean()
+        return float("nan") if gap == 0 else (s[idx].mean() - f[idx].mean()) / gap
+
+    n = len(s)
+    point = rate(np.arange(n)) if n else float("nan")
+    rng = np.random.default_rng(seed)
+    draws = np.array([rate(rng.integers(0, n, n)) for _ in range(n_boot)]) if n else np.array([])
+    ok = draws[np.isfinite(draws)]
+    lo, hi = (np.quantile(ok, [0.025, 0.975]).tolist() if len(ok) else [float("nan")] * 2)
+    return {"n": n, "transfer": point, "lo": lo, "hi": hi, "defined_share": len(ok) / max(n_boot, 1)}
+
+
+def transfer(df: pd.DataFrame, by_length: bool = False) -> pd.DataFrame:
+    """Transfer rate per offload setting (and per document length)."""
+    rows = []
+    parts = [(None, df)] if not by_length else list(df.groupby("length"))
+    for length, part in parts:
+        for setting, g in part.groupby("setting", sort=False):
+            role = g["role"].iloc[0]
+            if role in ("floor", "skyline"):
+                continue
+            r = transfer_rate(*_paired(part, setting, role))
+            rows.append({"setting": setting, "role": role, **({"length": length} if by_length else {}), **r})
+    return pd.DataFrame(rows)
+
+
+def versus_control(df: pd.DataFrame) -> pd.DataFrame:
+    """Each setting against its shuffled-document control, paired by item (exact McNemar)."""
+    ok = answered(df).assign(ok=lambda d: d["label"] == "correct")
+    rows = []
+    for control, g in ok[ok["role"] == "control"].groupby("setting", sort=False):
+        target = g["control_of"].iloc[0]
+        a = ok[ok["setting"] == target].set_index("item")["ok"]
+        b = g.set_index("item")["ok"]
+        items = a.index.intersection(b.index)
+        t = mcnemar(b.reindex(items), a.reindex(items))
+        rows.append({"setting": target, "control": control, "n": len(items), "acc_setting": a[items].mean(),
+                     "acc_control": b[items].mean(), "p_value": t["p_value"], "only_setting": t["only_setting"],
+                     "only_control": t["only_baseline"]})
+    return pd.DataFrame(rows)
+
+
+def self_agreement(df: pd.DataFrame) -> tuple[int, int]:
+    """How many items the self-offload answered exactly as the skyline did (the engine's anchor, on text)."""
+    a = df[df["role"] == "self"].set_index("item")["answer"]
+    b = df[df["role"] == "skyline"].set_index("item")["answer"]
+    items = a.index.intersection(b.index)
+    return int((a[items] == b[items]).sum()), len(items)
+
+
+# --- claims ------------------------------------------------------------------------------------------------
+def memory_claim(acc: pd.DataFrame, tr: pd.DataFrame, ctrl: pd.DataFrame, agree: tuple[int, int]) -> Claim:
+    """Supported iff some real slave (or the bus) has a transfer-rate CI above 0 *and* beats its shuffled control
+    (McNemar p < 0.05, more correct). Not supported iff every real slave's transfer CI lies below 0.25 (under a
+    quarter of what the master gains by reading the document itself). Inconclusive otherwise: fewer than MIN_ITEMS
+    items, or a skyline no better than the floor (then there is nothing to transfer)."""
+    a = acc.set_index("setting")
+    floor, sky = a[a["role"] == "floor"].iloc[0], a[a["role"] == "skyline"].iloc[0]
+    real = tr[tr["role"].isin(["cross", "bus"])].set_index("setting")
+    c = ctrl.set_index("setting") if len(ctrl) else pd.DataFrame()
+    beats = [s for s in real.index if real.loc[s, "lo"] > 0 and s in c.index
+             and c.loc[s, "p_value"] < 0.05 and c.loc[s, "acc_setting"] > c.loc[s, "acc_control"]]
+    none = len(real) > 0 and bool((real["hi"] < 0.25).all())
+    verdict = ("inconclusive" if sky["accuracy"] <= floor["accuracy"] or floor["n"] < MIN_ITEMS else
+               "supported" if beats else "not supported" if none else "inconclusive")
+    fmt = lambda s: f"{a.loc[s, 'accuracy']:.0%} [{a.loc[s, 'lo']:.0%}, {a.loc[s, 'hi']:.0%}]"  # noqa: E731
+    per = "; ".join(f"{s} {fmt(s)}, transfer {real.loc[s, 'transfer']:+.2f} [{real.loc[s, 'lo']:+.2f}, "
+                    f"{real.loc[s, 'hi']:+.2f}]" + (f", vs shuffled p={c.loc[s, 'p_value']:.2g}" if s in c.index else "")
+                    for s in real.index)
+    return Claim(claim="a slave's K/V carry what it read to the master (the master borrows its memory)",
+                 seed_section="2.2", seed_value="the slave contributes memory / history anchors",
+                 measured=f"floor {fmt(floor.name)}, skyline {fmt(sky.name)}; self-offload = skyline on "
+                          f"{agree[0]}/{agree[1]} answers; {per}",
+                 n=f"n={int(floor['n'])} items (facts and fact pairs x lengths)",
+                 setup="Qwen 0.5B master reads only the question; slaves read the document (lstsq, concat, prefix)",
+                 verdict=verdict, notebook=NB)
+
+
+def effective_length(acc_by_length: pd.DataFrame, threshold: float = 0.5) -> pd.Series:
+    """setting -> the longest document length whose accuracy is >= threshold (0 if none)."""
+    ok = acc_by_length[acc_by_length["accuracy"] >= threshold]
+    out = ok.groupby("setting")["length"].max()
+    return out.reindex(acc_by_length["setting"].unique(), fill_value=0)
+
+
+def length_claim(acc_by_length: pd.DataFrame, threshold: float = 0.5) -> Claim:
+    """The seed's +42% context-understanding length, read as: the longest document a fused master still answers
+    from (accuracy >= 50%) vs the master reading the document itself. Supported iff the best real slave reaches
+    >= 1.42x the skyline's length while the skyline stops below the grid's top; not supported iff it reaches less
+    than the skyline; inconclusive otherwise (e.g. both at the top of the grid, or < MIN_PER_LENGTH items a length)."""
+    eff = effective_length(acc_by_length, threshold)
+    roles = acc_by_length.groupby("setting")["role"].first()
+    top = int(acc_by_length["length"].max())
+    sky = int(eff[roles == "skyline"].iloc[0])
+    real = eff[roles.reindex(eff.index).isin(["cross", "bus"])]
+    best, best_len = (real.idxmax(), int(real.max())) if len(real) else ("-", 0)
+    few = "n" in acc_by_length and int(acc_by_length["n"].min()) < MIN_PER_LENGTH
+    verdict = ("inconclusive" if few else "supported" if sky < top and best_len >= 1.42 * sky else
+               "not supported" if best_len < sky else "inconclusive")
+    return Claim(claim="fusion lengthens context understanding", seed_section="2.2", seed_value="+42%",
+                 measured=f"longest document answered at >= {threshold:.0%}: skyline {sky}, best slave setting "
+                          f"'{best}' {best_len}, floor {int(eff[roles == 'floor'].iloc[0])} (grid top {top})",
+                 n=f"lengths {sorted(acc_by_length['length'].unique().tolist())}",
+                 setup="context offload: the document lives in the slave's K/V only", verdict=verdict, notebook=NB)
+
+
+# --- figures -------------------------------------------------------------------------------------------------
+def plot_accuracy(acc: pd.DataFrame) -> Any:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 0.28 * len(acc) + 1.2))
+    y = np.arange(len(acc))
+    colours = {"floor": "grey", "skyline": "black", "self": "C2", "cross": "C0", "bus": "C1", "control": "C3"}
+    ax.errorbar(acc["accuracy"], y, xerr=[acc["accuracy"] - acc["lo"], acc["hi"] - acc["accuracy"]], fmt="none",
+                ecolor="0.4", capsize=2)
+    ax.scatter(acc["accuracy"], y, c=[colours.get(r, "C4") for r in acc["role"]], zorder=3)
+    ax.set_yticks(y, acc["setting"], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlim(-0.02, 1.02)
+    ax.set_xlabel(f"accuracy (Wilson 95% CI), n = {int(acc['n'].max())} items")
+    fig.tight_layout()
+    return fig
+
+
+def plot_transfer(tr_by_length: pd.DataFrame) -> Any:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.2))
+    for setting, g in tr_by_length[tr_by_length["role"] != "control"].groupby("setting", sort=False):
+        ax.errorbar(g["length"], g["transfer"], yerr=[g["transfer"] - g["lo"], g["hi"] - g["transfer"]],
+                    marker="o", capsize=3, label=setting)
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.axhline(1, color="black", lw=0.8, ls="--")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("document length (master tokens)")
+    ax.set_ylabel("transfer rate\n(fused - floor) / (skyline - floor)")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    return fig
+
+
+def plot_slot_mass(mass: pd.DataFrame) -> Any:
+    """mass: setting, layer, mass (mean over samples) -> one line per setting over master layers."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.2))
+    for setting, g in mass.groupby("setting", sort=False):
+        g = g.groupby("layer", as_index=False)["mass"].mean()
+        ax.plot(g["layer"], g["mass"], marker=".", label=setting)
+    ax.set_xlabel("master layer")
+    ax.set_ylabel("attention mass on the slots\n(question tokens, mean over heads)")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    return fig
