@@ -38,6 +38,8 @@ class LayerRuntime:
     """True only inside the FusedModel's own forward passes; otherwise the master runs as itself."""
     recorder: "Recorder | None" = None
     """Set by FusedModel.recording(); key_src is -1 for the master's own keys, else the slave index."""
+    train: "list[Any] | None" = None
+    """Set by FusedModel.train_logits(): this layer's TrainSlots (differentiable path, train_attention.py)."""
 
 
 def impl_name(base: str) -> str:
@@ -257,6 +259,12 @@ def fusion_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
     if rt is None:
         raise FusionLabError("a FusionLab attention function ran on a model that is not fused (closed?); "
                              "call model.set_attn_implementation('sdpa') or fuse() again.")
+    if rt.active and rt.train:  # the training path: differentiable slots, no cache
+        from .train_attention import train_attention
+
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        return train_attention(query, key, value, _query_positions(kw, key, query), rt.train, scale,
+                               kw.get("sliding_window"), kw.get("softcap")), None
     inject = rt.active and bool(rt.injections)  # injections only inside the FusedModel's own passes
     if not inject and rt.recorder is None:
         return base_attention(module, rt.base)(module, query, key, value, attention_mask, scaling=scaling,

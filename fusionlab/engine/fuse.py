@@ -124,6 +124,20 @@ class FusedModel:
         seq.length += ids.shape[1]
         return out.logits
 
+    def train_logits(self, ids: torch.Tensor, slots: dict[int, list[Any]], start: int = 0) -> torch.Tensor:
+        """The training path: logits (1, T, V) of ids (1, T) at positions start.., with gradients through `slots`
+        ({master layer: [TrainSlots]}, built by the trainer from this fusion's slaves). No cache, nothing placed."""
+        self._check_open()
+        pos = torch.arange(start, start + ids.shape[1], device=self.master.device).view(1, -1)
+        for i, rt in self._runtimes.items():
+            rt.train, rt.active = slots.get(i) or None, True
+        try:
+            with torch.enable_grad():
+                return self.master.model(input_ids=ids, position_ids=pos, use_cache=False).logits
+        finally:
+            for rt in self._runtimes.values():
+                rt.train, rt.active = None, False
+
     @torch.inference_mode()
     def __call__(self, prompt: str | torch.Tensor, prompt_len: int | None = None,
                  context: str | list[str] | None = None) -> torch.Tensor:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from ..errors import FusionLabError
 from .layermap import LayerMap
@@ -29,7 +29,9 @@ class Projector:
     def prepare(self, master: Any, slave: Any, layer_map: LayerMap) -> None:
         """Raise a clear error if this projector cannot serve this (master, slave, map)."""
 
-    def __call__(self, master_layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, master_layer: int, k: torch.Tensor, v: torch.Tensor,
+                 positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Slave K/V (B, H_s, S, D_s) at master `positions` (S,) -> master geometry (B, H_m, S, D_m)."""
         raise NotImplementedError
 
     def describe(self) -> str:
@@ -46,7 +48,7 @@ class IdentityProjector(Projector):
             raise FusionLabError(f"identity projector cannot map slave {slave.name} {_geometry(s)} to master "
                                  f"{master.name} {_geometry(m)}; use {fix}.")
 
-    def __call__(self, master_layer, k, v):
+    def __call__(self, master_layer, k, v, positions=None):
         return k, v
 
 
@@ -76,7 +78,7 @@ class HeadsProjector(Projector):
         b, _, t, d = x.shape
         return x.view(b, self.h_master, self.h_slave // self.h_master, t, d).mean(dim=2)
 
-    def __call__(self, master_layer, k, v):
+    def __call__(self, master_layer, k, v, positions=None):
         return self._map(k), self._map(v)
 
 
@@ -114,7 +116,7 @@ class LstsqProjector(Projector):
         y = flat @ w[:-1] + w[-1]  # (B, T, F_m)
         return y.view(b, t, h_out, d_out).transpose(1, 2)  # (B, H_m, T, D_m)
 
-    def __call__(self, master_layer, k, v):
+    def __call__(self, master_layer, k, v, positions=None):
         h, d = self.meta["master"]["kv_heads"], self.meta["master"]["head_dim"]
         return (self._apply(self.weights[f"k.{master_layer}"], k, h, d),
                 self._apply(self.weights[f"v.{master_layer}"], v, h, d))
@@ -135,11 +137,13 @@ class LstsqProjector(Projector):
 
     @classmethod
     def load(cls, path: str | Path) -> "LstsqProjector":
-        from safetensors import safe_open
+        from .fuser import read_safetensors
 
-        with safe_open(str(path), framework="pt") as f:
-            meta = json.loads(f.metadata()["fusionlab"])
-        return cls(weights=load_file(str(path)), meta=meta)
+        meta, weights = read_safetensors(path)
+        if meta.get("kind", "lstsq") != "lstsq" or "layer_map" not in meta:
+            raise FusionLabError(f"{path} is not an lstsq projector (kind {meta.get('kind')!r}); use "
+                                 "LearnedFuser.load for a trained fuser, or refit with fl.fit_lstsq.")
+        return cls(weights=weights, meta=meta)
 
 
 def make_projector(p: str | Projector | None) -> Projector:
@@ -150,6 +154,8 @@ def make_projector(p: str | Projector | None) -> Projector:
     if isinstance(p, Projector):
         return p
     if isinstance(p, (str, Path)) and Path(p).exists():
-        return LstsqProjector.load(p)
+        from .fuser import LearnedFuser, read_safetensors
+
+        return LearnedFuser.load(p) if read_safetensors(p)[0].get("kind") == "learned" else LstsqProjector.load(p)
     raise FusionLabError(f"unknown projector {p!r}; use 'identity', 'heads', a fitted LstsqProjector, "
                          "or the path of a saved one.")

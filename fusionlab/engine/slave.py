@@ -61,6 +61,9 @@ class Slave:
                  for i in lmap.pairs}
         if any(g < 0 for g in gates.values()):
             raise FusionLabError(f"gates must be >= 0, got {gates}.")
+        learned = getattr(proj, "learned_gates", None)  # a trained fuser carries its own gates: they multiply
+        if learned is not None:
+            gates = {i: g * learned().get(i, 0.0) for i, g in gates.items()}
         return ResolvedSlave(self, lmap, proj, gates, same_tok)
 
 
@@ -118,7 +121,7 @@ class ResolvedSlave:
         j = self.layer_map.pairs[master_layer]
         k = post_rope_keys(self.lm, cap, j) if self.slave.rope == "slave" else cap.keys[j]
         k, v = al.gather(k), al.gather(cap.values[j])  # (1, H_s, S, D_s)
-        k, v = self.projector(master_layer, k, v)  # (1, H_m, S, D_m)
+        k, v = self.projector(master_layer, k, v, positions=master_pos)  # (1, H_m, S, D_m)
         k, v = k.to(master.device, master.dtype), v.to(master.device, master.dtype)
         if self.slave.rope == "master":
             cos, sin = rope_cos_sin(master.model, master_layer, master_pos, k)

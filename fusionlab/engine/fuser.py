@@ -1,0 +1,211 @@
+"""A learned fuser: a small trainable map of a slave's K/V into the master's geometry that starts equal to the master.
+
+Per mapped master layer, the slave's pre-RoPE K (and V) go through the fitted `lstsq` map z = lstsq(x) (frozen: the
+warm start, in the master's geometry), then a trainable residual r = B·act(A·z/σ) (rank-`width` linear, or a GELU
+FFN of hidden `width`) whose output layer B starts at zero, scaled per KV head (C2C's per-head weights):
+
+    blend    the master's own K/V at that position += r                     (C2C's residual; r = 0 at the start)
+    concat   slots = z + r, with a gate g >= 0 per layer, starting at 0      (g = 0 hides the slots exactly)
+
+Either way the fused model starts *equal to the master*, so training moves it away only if the loss says so. (A concat
+gate at exactly 0 gets a gradient, but the projection does not until the gate opens: if opening hurts at first
+order, it stays closed. Blend has no such trap: B learns from the first step.)
+
+Controls share the architecture (`input`): 'shuffled' (the trainer pairs the master's text with another text's slave
+K/V), 'noise' (fresh Gaussian noise with the slave's per-feature mean and std instead of its K/V), 'constant' (no slave
+at all: a learned table of K/V offsets indexed by position mod P, P set to match a fuser's parameter count).
+Saved as safetensors with both models' fingerprints, the layer map, the config and the training manifest.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import FusionLabError
+from .layermap import LayerMap
+from .projector import LstsqProjector, Projector
+
+MODES, KINDS, INPUTS = ("blend", "concat"), ("linear", "mlp"), ("slave", "shuffled", "noise", "constant")
+
+
+@dataclass(frozen=True)
+class FuserConfig:
+    mode: str = "blend"
+    kind: str = "linear"
+    width: int = 32
+    """Rank of the linear residual, or hidden width of the FFN."""
+    input: str = "slave"
+    table: int = 0
+    """input='constant': positions in the learned table (0: chosen by `match_table`)."""
+    per_head: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name, value, allowed in (("mode", self.mode, MODES), ("kind", self.kind, KINDS),
+                                     ("input", self.input, INPUTS)):
+            if value not in allowed:
+                raise FusionLabError(f"FuserConfig {name}={value!r}; use one of {allowed}.")
+        if not isinstance(self.width, int) or self.width < 1:
+            raise FusionLabError(f"FuserConfig width must be a positive int, got {self.width!r}.")
+
+
+class Residual(nn.Module):
+    """z (..., F) -> B act(A z): zero at the start (B = 0)."""
+
+    def __init__(self, features: int, width: int, kind: str, generator: torch.Generator):
+        super().__init__()
+        self.a = nn.Parameter(torch.randn(features, width, generator=generator) / features ** 0.5)
+        self.b = nn.Parameter(torch.zeros(width, features))
+        self.act = nn.GELU() if kind == "mlp" else nn.Identity()
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.act(z @ self.a) @ self.b
+
+
+class LearnedFuser(nn.Module, Projector):
+    kind = "learned"
+
+    def __init__(self, base: LstsqProjector, config: FuserConfig):
+        super().__init__()
+        self.config, self.meta = config, {k: v for k, v in base.meta.items() if k != "r2"}
+        self.layers = sorted(int(i) for i in base.meta["layer_map"]["pairs"])
+        h, d = base.meta["master"]["kv_heads"], base.meta["master"]["head_dim"]
+        self.heads, self.head_dim, feats = h, d, h * d
+        g = torch.Generator().manual_seed(config.seed)
+        for i in self.layers:  # frozen warm start, rounded to fp16 so the saved file reproduces it exactly
+            for kind in "kv":
+                self.register_buffer(f"base_{kind}{i}", base.weights[f"{kind}.{i}"].half().float())
+                self.register_buffer(f"scale_{kind}{i}", torch.ones(feats))
+                self.register_buffer(f"noise_mu_{kind}{i}", torch.zeros(base.weights[f"{kind}.{i}"].shape[0] - 1))
+                self.register_buffer(f"noise_sd_{kind}{i}", torch.ones(base.weights[f"{kind}.{i}"].shape[0] - 1))
+        n = len(self.layers)
+        if config.input == "constant":
+            p = config.table or 1
+            self.table_k = nn.Parameter(torch.zeros(n, p, h, d))
+            self.table_v = nn.Parameter(torch.zeros(n, p, h, d))
+        else:
+            self.res = nn.ModuleDict({f"{kind}{i}": Residual(feats, config.width, config.kind, g)
+                                      for i in self.layers for kind in "kv"})
+        self.head_w = nn.Parameter(torch.ones(n, 2, h), requires_grad=config.per_head and config.input != "constant")
+        self.gate = nn.Parameter(torch.zeros(n), requires_grad=config.mode == "concat")
+        self._noise = torch.Generator().manual_seed(config.seed + 1)
+
+    # --- use as a projector ----------------------------------------------------------------------------------
+    @property
+    def layer_map(self) -> LayerMap:
+        return LayerMap.from_dict(self.meta["layer_map"])
+
+    def prepare(self, master: Any, slave: Any, layer_map: LayerMap) -> None:
+        LstsqProjector.prepare(self, master, slave, layer_map)  # same fingerprint and layer-map checks
+
+    def learned_gates(self) -> dict[int, float]:
+        """The engine's gate per layer: the learned g (concat), or 1 (blend: the residual carries its own scale)."""
+        if self.config.mode == "blend":
+            return {i: 1.0 for i in self.layers}
+        return {i: float(g) for i, g in zip(self.layers, self.gate.detach().clamp(min=0))}
+
+    def gate_tensor(self, layer: int) -> torch.Tensor:
+        return self.gate[self.layers.index(layer)].clamp(min=0) if self.config.mode == "concat" else \
+            torch.ones((), device=self.gate.device)
+
+    def clamp_gates_(self) -> None:
+        with torch.no_grad():
+            self.gate.clamp_(min=0)
+
+    def _flat(self, w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        b, h, t, d = x.shape
+        return x.transpose(1, 2).reshape(b, t, h * d) @ w[:-1].to(x.dtype) + w[-1].to(x.dtype)  # (B, T, F_m)
+
+    def forward(self, master_layer: int, k: torch.Tensor, v: torch.Tensor,
+                positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        li, b, t = self.layers.index(master_layer), k.shape[0], k.shape[2]
+        out = []
+        for j, (kind, x) in enumerate((("k", k), ("v", v))):
+            if self.config.input == "constant":
+                if positions is None:
+                    raise FusionLabError("a constant-slot control needs the slots' master positions.")
+                table = self.table_k if kind == "k" else self.table_v
+                r = table[li, positions.to(table.device) % table.shape[1]].unsqueeze(0).expand(b, -1, -1, -1)
+                z = torch.zeros_like(r)
+            else:
+                if self.config.input == "noise":
+                    mu, sd = getattr(self, f"noise_mu_{kind}{master_layer}"), getattr(self, f"noise_sd_{kind}{master_layer}")
+                    e = torch.randn(b, t, mu.numel(), generator=self._noise).to(x.device, x.dtype)
+                    x = (mu + sd * e).view(b, t, x.shape[1], x.shape[3]).transpose(1, 2)
+                z = self._flat(getattr(self, f"base_{kind}{master_layer}"), x)  # (B, T, F_m)
+                r = self.res[f"{kind}{master_layer}"](z / getattr(self, f"scale_{kind}{master_layer}"))
+                z, r = (y.view(b, t, self.heads, self.head_dim) for y in (z, r))
+            r = r * self.head_w[li, j][None, None, :, None]
+            y = r if self.config.mode == "blend" else z + r
+            out.append(y.transpose(1, 2))  # (B, H_m, T, D_m)
+        return out[0], out[1]
+
+    def describe(self) -> str:
+        c = self.config
+        what = "constant slots" if c.input == "constant" else f"{c.kind} width {c.width}"
+        return f"learned fuser ({c.mode}, {what}, input {c.input}, {self.param_count():,} trainable)"
+
+    def param_count(self) -> int:
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+    # --- files ------------------------------------------------------------------------------------------------
+    def save(self, path: str | Path, training: dict[str, Any] | None = None) -> Path:
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        meta = {**self.meta, "kind": "learned", "config": asdict(self.config),
+                "training": training or self.meta.get("training", {})}
+        tmp = path.with_suffix(".partial")
+        save_file({k: t.detach().contiguous() for k, t in self.state_dict().items()}, str(tmp),
+                  metadata={"fusionlab": json.dumps(meta)})
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "LearnedFuser":
+        meta, tensors = read_safetensors(path)
+        if meta.get("kind") != "learned":
+            raise FusionLabError(f"{path} is not a learned fuser (kind {meta.get('kind')!r}); load it with "
+                                 "fl.LstsqProjector.load, or retrain with train_fuser.")
+        pairs = meta["layer_map"]["pairs"]
+        base = LstsqProjector({f"{kind}.{i}": tensors[f"base_{kind}{i}"] for i in pairs for kind in "kv"}, meta)
+        cfg = FuserConfig(**meta["config"])
+        fuser = cls(base, cfg)
+        try:
+            fuser.load_state_dict(tensors)
+        except RuntimeError as e:
+            raise FusionLabError(f"{path} does not match its own config ({str(e).splitlines()[0]}); the file is "
+                                 "damaged: retrain with train_fuser.") from e
+        fuser.meta = {k: v for k, v in meta.items() if k not in ("kind", "config")}
+        return fuser
+
+
+def read_safetensors(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(FusionLab metadata, tensors) of a projector or fuser file; a clear error for anything else."""
+    from safetensors import SafetensorError, safe_open
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise FusionLabError(f"no projector or fuser file at {path}.")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            raw = (f.metadata() or {}).get("fusionlab")
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise FusionLabError(f"{path} is not a readable safetensors file ({e.__class__.__name__}): it is truncated "
+                             "or not a FusionLab file. Refit (fl.fit_lstsq) or retrain (train_fuser), then save.") from e
+    if raw is None:
+        raise FusionLabError(f"{path} has no FusionLab metadata: it was not written by FusionLab.")
+    return json.loads(raw), tensors
+
+
+def match_table(fuser_params: int, layers: int, heads: int, head_dim: int) -> int:
+    """Table positions P for a constant-slot control with the parameter count of a fuser (2 tables of P·H·D per layer)."""
+    return max(1, round(fuser_params / (2 * layers * heads * head_dim)))

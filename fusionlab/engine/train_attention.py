@@ -1,0 +1,76 @@
+"""The training path's attention: the same injection rules as `attention.py`, written as plain differentiable math.
+
+Inference places slots once into pre-allocated buffers under `inference_mode` and takes fused fast paths; training
+needs gradients through the slots (and through a concat gate that may start at exactly 0), so here
+
+    concat   softmax over [own keys | slots] with the slots' weights multiplied by g   (= a score bias log g, so
+             g = 0 is the master exactly, and d/dg exists at 0)
+    blend    own K/V at a slot's position += g * slot K/V                               (C2C's residual)
+
+with the same visibility rule (a key at position p is seen by a query at q iff p <= q, and q - p < window on sliding
+layers for windowed entries). `tests/engine/test_fuser.py` checks these logits equal the inference path's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .attention import repeat_kv
+
+
+@dataclass
+class TrainSlots:
+    """One slave's slots at one layer, with gradients."""
+
+    k: torch.Tensor
+    """(1, H_kv, S, D) in the master's frame (rotated at `pos`)."""
+    v: torch.Tensor
+    pos: torch.Tensor
+    """(S,) master positions."""
+    gate: torch.Tensor
+    """() the layer's gate (a tensor, so it can learn)."""
+    mode: str
+    windowed: bool = True
+
+
+def _visible(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None, windowed: bool) -> torch.Tensor:
+    """(Q, N) bool."""
+    ok = k_pos[None, :] <= q_pos[:, None]
+    if window is not None and windowed:
+        ok = ok & ((q_pos[:, None] - k_pos[None, :]) < window)
+    return ok
+
+
+def _scores(query: torch.Tensor, k: torch.Tensor, scale: float, softcap: float | None) -> torch.Tensor:
+    s = query @ repeat_kv(k, query.shape[1] // k.shape[1]).transpose(-1, -2) * scale  # (B, H, Q, N)
+    return s if softcap is None else softcap * torch.tanh(s / softcap)
+
+
+def train_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, q_pos: torch.Tensor,
+                    slots: list[TrainSlots], scale: float, window: int | None,
+                    softcap: float | None) -> torch.Tensor:
+    """query (B, H, Q, D); key/value (B, H_kv, Q, D): this forward's own K/V (no cache). Returns (B, Q, H, D)."""
+    own_pos = q_pos
+    for s in slots:
+        if s.mode == "blend":  # add at the own positions that have a slot (out of place: autograd keeps both)
+            idx = s.pos - own_pos[0]
+            inside = (idx >= 0) & (idx < key.shape[2])
+            add_k = torch.zeros_like(key).index_add(2, idx[inside], s.k[:, :, inside])
+            add_v = torch.zeros_like(value).index_add(2, idx[inside], s.v[:, :, inside])
+            key, value = key + s.gate * add_k, value + s.gate * add_v
+    parts = [(_scores(query, key, scale, softcap), _visible(q_pos, own_pos, window, True), value, None)]
+    for s in slots:
+        if s.mode == "concat":
+            parts.append((_scores(query, s.k, scale, softcap), _visible(q_pos, s.pos, window, s.windowed), s.v,
+                          s.gate))
+    neg = torch.finfo(query.dtype).min
+    m = torch.stack([torch.where(vis, sc, neg).amax(-1) for sc, vis, _, _ in parts]).amax(0).detach()  # (B, H, Q)
+    num, den = 0.0, 0.0
+    for sc, vis, v, gate in parts:
+        w = torch.exp(torch.where(vis, sc - m[..., None], float("-inf")))  # masked entries are exactly 0
+        if gate is not None:
+            w = w * gate
+        num = num + w @ repeat_kv(v, query.shape[1] // v.shape[1])
+        den = den + w.sum(-1, keepdim=True)
+    return (num / den).transpose(1, 2).contiguous()

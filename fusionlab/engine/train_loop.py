@@ -1,0 +1,141 @@
+"""The optimisation loop of `train_fuser`: seeded epochs, AdamW + warm-up, clipping, budgets, checkpoints, resume.
+
+A checkpoint holds the fuser's state, the optimizer's, the step, tokens seen and the config hash; it is written to a
+temporary file and renamed, so a killed run leaves the previous checkpoint whole. Resuming with a checkpoint of a
+different configuration (models, fuser, data, schedule) is refused, naming both hashes.
+"""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..errors import FusionLabError
+from .fuse import FusedModel
+from .fuser import LearnedFuser
+from .train_errors import TrainingDiverged
+
+
+class Loop:
+    def __init__(self, fused: FusedModel, fuser: LearnedFuser, data: list[Any], train: Any, cfg_hash: str,
+                 checkpoint: Path | None):
+        from .train import loss_of
+
+        self.fused, self.fuser, self.data, self.train, self.hash, self.ckpt = fused, fuser, data, train, cfg_hash, checkpoint
+        self.loss_of = loss_of
+        self._calibrate()
+        self.params = [p for p in fuser.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(self.params, lr=train.lr, weight_decay=train.weight_decay)
+        self.step, self.tokens, self.rows = 0, 0, []
+
+    def _calibrate(self) -> None:
+        """Residual input scales and the noise control's statistics, from the training data (no gradient)."""
+        rs, f = self.fused.slaves[0], self.fuser
+        with torch.no_grad():
+            for i in f.layers:
+                j = rs.layer_map.pairs[i]
+                for kind, attr in (("k", "keys"), ("v", "values")):
+                    xs = torch.cat([getattr(p.cap, attr)[j][0].transpose(0, 1).reshape(-1, getattr(p.cap, attr)[j]
+                                    .shape[1] * getattr(p.cap, attr)[j].shape[3]) for p in self.data])  # (N, F_s)
+                    getattr(f, f"noise_mu_{kind}{i}").copy_(xs.mean(0))
+                    getattr(f, f"noise_sd_{kind}{i}").copy_(xs.std(0).clamp_min(1e-6))
+                    w = getattr(f, f"base_{kind}{i}")
+                    z = xs @ w[:-1] + w[-1]
+                    getattr(f, f"scale_{kind}{i}").copy_(z.std(0).clamp_min(1e-6))
+
+    def _lr(self) -> float:
+        return self.train.lr * min(1.0, (self.step + 1) / max(self.train.warmup, 1))
+
+    def _order(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng(self.train.seed + epoch).permutation(len(self.data))
+
+    def _save(self) -> None:
+        if self.ckpt is None:
+            return
+        self.ckpt.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.ckpt.with_suffix(".partial")
+        torch.save({"hash": self.hash, "step": self.step, "tokens": self.tokens, "rows": self.rows,
+                    "fuser": self.fuser.state_dict(), "opt": self.opt.state_dict(),
+                    "noise_rng": self.fuser._noise.get_state()}, tmp)
+        tmp.replace(self.ckpt)
+
+    def _resume(self) -> None:
+        if self.ckpt is None or not self.ckpt.exists():
+            return
+        try:
+            state = torch.load(self.ckpt, weights_only=False)
+        except Exception as e:  # noqa: BLE001  (a torn or foreign file: say which and how to fix)
+            raise FusionLabError(f"checkpoint {self.ckpt} cannot be read ({e.__class__.__name__}); delete it to "
+                                 "start over.") from e
+        if state.get("hash") != self.hash:
+            raise FusionLabError(f"checkpoint {self.ckpt} belongs to another configuration (hash "
+                                 f"{str(state.get('hash'))[:12]} vs this run's {self.hash[:12]}: models, fuser, data or "
+                                 "schedule differ); delete it or pass another checkpoint path.")
+        self.fuser.load_state_dict(state["fuser"])
+        self.opt.load_state_dict(state["opt"])
+        self.fuser._noise.set_state(state["noise_rng"])
+        self.step, self.tokens, self.rows = state["step"], state["tokens"], state["rows"]
+
+    def _done(self, t0: float) -> bool:
+        t = self.train
+        return ((t.max_tokens is not None and self.tokens >= t.max_tokens)
+                or (t.max_seconds is not None and time.perf_counter() - t0 + self._elapsed0 >= t.max_seconds))
+
+    def master_loss(self, i: int) -> float:
+        """The master's own loss on chunk i (no slots): what the fused model starts at; computed once."""
+        if i not in self._master:
+            import torch.nn.functional as F
+
+            p = self.data[i]
+            pos = torch.arange(p.start, p.start + p.ids.shape[1]).view(1, -1)
+            with torch.no_grad():
+                logits = self.fused.master.model(input_ids=p.ids, position_ids=pos, use_cache=False).logits
+            self._master[i] = float(F.cross_entropy(logits[0, :-1].float(), p.ids[0, 1:]))
+        return self._master[i]
+
+    def run(self, on_step: Callable[[int, float], Any]) -> pd.DataFrame:
+        self._resume()
+        self._master: dict[int, float] = {}
+        self._elapsed0 = self.rows[-1]["seconds"] if self.rows else 0.0
+        t0 = time.perf_counter()
+        run_f = run_m = None
+        n = len(self.data)
+        while not self._done(t0):
+            i = int(self._order(self.step // n)[self.step % n])
+            p = self.data[i]
+            for g in self.opt.param_groups:
+                g["lr"] = self._lr()
+            loss = self.loss_of(self.fused, self.fuser, p)
+            value, base = float(loss.detach()), self.master_loss(i)
+            run_f = value if run_f is None else 0.9 * run_f + 0.1 * value
+            run_m = base if run_m is None else 0.9 * run_m + 0.1 * base
+            if not math.isfinite(value) or run_f > self.train.diverge_factor * run_m:
+                raise TrainingDiverged(
+                    f"training diverged at step {self.step} (loss {value:.4g}; running {run_f:.4g} vs the master's "
+                    f"{run_m:.4g}) with learning rate {self._lr():.3g}; the last good checkpoint "
+                    f"({self.ckpt or 'none: pass checkpoint='}) is kept. Lower TrainConfig.lr.")
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.train.clip))
+            if not math.isfinite(norm):
+                raise TrainingDiverged(f"training diverged at step {self.step}: the gradient norm is {norm} with "
+                                       f"learning rate {self._lr():.3g}; the last good checkpoint "
+                                       f"({self.ckpt or 'none: pass checkpoint='}) is kept. Lower TrainConfig.lr.")
+            self.opt.step()
+            self.fuser.clamp_gates_()
+            self.tokens += int(p.ids.shape[1])
+            self.rows.append({"step": self.step, "chunk": i, "tokens": self.tokens, "loss": value,
+                              "master_loss": base, "gain": base - value, "lr": self._lr(), "grad_norm": norm,
+                              "seconds": self._elapsed0 + time.perf_counter() - t0,
+                              "gate_mean": float(self.fuser.gate.detach().clamp(min=0).mean())})
+            self.step += 1
+            on_step(int(p.ids.shape[1]), value)
+            if self.step % self.train.checkpoint_every == 0:
+                self._save()
+        self._save()
+        return pd.DataFrame(self.rows)
