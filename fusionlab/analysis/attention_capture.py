@@ -47,9 +47,19 @@ class AttentionCapture:
     maps: list[dict[str, Any]] = field(default_factory=list)
     """keep='full': {layer, query_pos (q,), key_pos (N,), key_src (N,), probs (heads, q, N)} per forward."""
     full_bytes: int = 0
+    per_row: dict[int, "AttentionCapture"] = field(default_factory=dict)
+    """A batch's records, row by row (each as a single sequence's capture); empty for a single sequence."""
+
+    def row(self, b: int) -> "AttentionCapture":
+        """Row b of a batched run, recorded exactly as that prompt run alone would be."""
+        if b not in self.per_row:
+            self.per_row[b] = AttentionCapture(self.layers, self.heads, self.keep, self.max_full_bytes)
+        return self.per_row[b]
 
     def _on(self, layer: int, probs: torch.Tensor, k_pos: torch.Tensor, k_src: torch.Tensor,
-            q_pos: torch.Tensor, heads: list[int]) -> None:
+            q_pos: torch.Tensor, heads: list[int], row: int | None = None) -> None:
+        if row is not None:
+            return self.row(row)._on(layer, probs, k_pos, k_src, q_pos, heads)
         p = probs[0].detach()  # (h, q, N)
         sel = [heads.index(h) for h in self.heads] if heads != self.heads else slice(None)
         p = p[sel]
@@ -64,7 +74,7 @@ class AttentionCapture:
                               "key_src": k_src.cpu(), "probs": p.float().cpu()})
         mass = p.sum(1)  # (h, N'): a trimmed recorder computed only the first N' keys, the rest are 0
         mass = torch.nn.functional.pad(mass, (0, k_pos.numel() - mass.shape[1]))  # (h, N)
-        filled = k_pos < FAR  # unfilled live-capacity slots can never be attended
+        filled = (k_pos < FAR) & (k_pos >= 0)  # unfilled slots and a batch's left pads are never attended
         mass, k_pos, k_src = mass[:, filled], k_pos[filled], k_src[filled]
         own = k_src == -1
         self.own[layer] = _grow_add(self.own.get(layer), k_pos[own], mass[:, own])

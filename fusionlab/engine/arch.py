@@ -71,8 +71,10 @@ def split_qkv(out: torch.Tensor, heads: int, kv_heads: int, head_dim: int) -> tu
 
 
 def rope_cos_sin(model: Any, layer: int, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cos, sin), each (1, T, R), of `model`'s RoPE for `layer` at integer `positions` (T,)."""
-    pos = positions.to(like.device).view(1, -1)
+    """(cos, sin), each (1, T, R) (or (B, T, R)), of `model`'s RoPE for `layer` at integer `positions` (T,) (or
+    (B, T), one row per sequence)."""
+    pos = positions.to(like.device)
+    pos = pos.view(1, -1) if pos.dim() == 1 else pos
     rotary = model.model.rotary_emb
     if adapter_for(model).rope_by_layer_type:
         return rotary(like, pos, model.config.layer_types[layer])

@@ -23,7 +23,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ..errors import FusionLabError
 from . import registry
-from .slot_buffer import FAR, NO_SLOT, Injection, JointBuffer
+from .slot_buffer import FAR, NO_SLOT, PAD, Injection, JointBuffer
 
 
 @dataclass
@@ -40,6 +40,12 @@ class LayerRuntime:
     """Set by FusedModel.recording(); key_src is -1 for the master's own keys, else the slave index."""
     train: "list[Any] | None" = None
     """Set by FusedModel.train_logits(): this layer's TrainSlots (differentiable path, train_attention.py)."""
+    past: int = 0
+    """Cache entries before this forward (set by FusedModel._forward): where the new own keys go."""
+    q_real: torch.Tensor | None = None
+    """(B, Q) bool for a batch with left pads: which queries are real tokens (None: all)."""
+    seq_pos: torch.Tensor | None = None
+    """(B, E) position of every cache entry of the batch (PAD for pads): the own keys of an unfused layer."""
 
 
 def impl_name(base: str) -> str:
@@ -74,8 +80,9 @@ def _apply_edits(rt: LayerRuntime, key: torch.Tensor, value: torch.Tensor, q_pos
     for inj in rt.injections:
         if inj.mode == "concat":
             continue
-        idx = inj.lookup[q_pos.clamp(max=inj.lookup.numel() - 1)]
-        idx = torch.where(q_pos < inj.lookup.numel(), idx, NO_SLOT)
+        lookup = inj.lookup[0]
+        idx = lookup[q_pos.clamp(max=lookup.numel() - 1)]
+        idx = torch.where(q_pos < lookup.numel(), idx, NO_SLOT)
         sel = (idx != NO_SLOT).nonzero().flatten()
         if sel.numel() == 0:
             continue
@@ -89,12 +96,12 @@ def _apply_edits(rt: LayerRuntime, key: torch.Tensor, value: torch.Tensor, q_pos
             new_v[:, :, sel] += g * sv
 
 
-def _joint(joint: JointBuffer | None, key: torch.Tensor, value: torch.Tensor, q_pos: torch.Tensor):
-    """K, V, positions, sources, score biases, windowed flags of every key this layer's queries may see."""
+def _joint(joint: JointBuffer | None, key: torch.Tensor, value: torch.Tensor, q_pos: torch.Tensor, past: int):
+    """One row: K, V, positions, sources, score biases, windowed flags of every key this layer's queries may see."""
     if joint is not None:
         j = joint
-        n = j.write_own(key, value, q_pos)
-        return j.k[:, :, :n], j.v[:, :, :n], j.pos[:n], j.src[:n], j.bias[:n], j.windowed[:n]
+        n = j.write_own(key, value, past, q_pos[None])
+        return j.k[:, :, :n], j.v[:, :, :n], j.pos[0, :n], j.src[:n], j.bias[:n], j.windowed[:n]
     own_pos = q_pos[-1] - key.shape[2] + 1 + torch.arange(key.shape[2], device=key.device)
     n = key.shape[2]
     return (key, value, own_pos, torch.full((n,), -1, device=key.device),
@@ -115,7 +122,7 @@ def _prefill_split(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
         return None
     parts = [(key, value, 0.0, True)]
     for start, size, gate in joint.regions:
-        pos = joint.pos[start:start + size]
+        pos = joint.pos[0, start:start + size]
         n = int((pos != FAR).sum())
         if n == 0 or bool((pos[n:] != FAR).any()):  # filled entries must be a prefix of the region
             return None
@@ -229,9 +236,10 @@ def _visible_prefix(k_pos: torch.Tensor, q_last: int) -> int:
 
 def _record(rec: Recorder, layer: int, query: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor,
             k_pos: torch.Tensor, k_src: torch.Tensor, q_pos: torch.Tensor, bias: torch.Tensor, scale: float,
-            softcap: float | None, with_output: bool) -> torch.Tensor | None:
+            softcap: float | None, with_output: bool, row: int | None = None) -> torch.Tensor | None:
     """Probabilities for the recorder's rows and heads only, in chunks; with_output (every row and head
-    recorded) also returns the layer output probs @ V, so no separate attention call is needed."""
+    recorded) also returns the layer output probs @ V, so no separate attention call is needed. `row`: the batch
+    row these queries belong to (passed to the recorder as a 7th argument; absent for a single sequence)."""
     n_rep = query.shape[1] // k_all.shape[1]
     heads = list(range(query.shape[1])) if with_output or rec.heads is None else rec.heads
     h_idx = torch.tensor(heads, device=query.device)
@@ -245,7 +253,7 @@ def _record(rec: Recorder, layer: int, query: torch.Tensor, k_all: torch.Tensor,
         r = rows[start:start + rec.chunk]
         n = _visible_prefix(k_pos, int(q_pos[r].max())) if trim else k_pos.numel()
         probs = _probs(q_sel[:, :, r], k_sel[:, :, :n], bias[r, :n], scale, softcap)  # (B, h, q, n)
-        rec.fn(layer, probs, k_pos, k_src, q_pos[r], heads)
+        rec.fn(layer, probs, k_pos, k_src, q_pos[r], heads, *(() if row is None else (row,)))
         if out is not None:
             out[:, :, r] = probs.to(query.dtype) @ v_sel[:, :, :n]
     return None if out is None else out.transpose(1, 2).contiguous()
@@ -269,8 +277,10 @@ def fusion_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
     if not inject and rt.recorder is None:
         return base_attention(module, rt.base)(module, query, key, value, attention_mask, scaling=scaling,
                                                 dropout=dropout, **kw)
-    if query.shape[0] != 1:
-        raise FusionLabError(f"fused / recorded attention supports batch size 1, got {query.shape[0]}.")
+    if query.shape[0] > 1 or rt.q_real is not None:  # a batch: per-row positions and masks (batch.py)
+        from .batch_attention import batched_attention
+
+        return batched_attention(rt, module, query, key, value, attention_mask, scaling, dropout, inject, kw)
     q_pos = _query_positions(kw, key, query)
     if inject:
         _apply_edits(rt, key, value, q_pos)
@@ -278,7 +288,7 @@ def fusion_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
     if rt.recorder is None and joint is None:
         return base_attention(module, rt.base)(module, query, key, value, attention_mask, scaling=scaling,
                                                 dropout=dropout, **kw)
-    k_all, v_all, k_pos, k_src, bias, windowed = _joint(joint, key, value, q_pos)
+    k_all, v_all, k_pos, k_src, bias, windowed = _joint(joint, key, value, q_pos, rt.past)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     cache: dict[str, torch.Tensor] = {}
 

@@ -12,14 +12,15 @@ from typing import Any, Iterator
 import pandas as pd
 import torch
 
-from ..errors import ContextTooLong, FusionLabError
+from ..errors import FusionLabError
 from . import attention as att
 from . import registry
 from .arch import attn_module
-from .context import ContextLayout, layout
 from .lm import LM
-from .placement import SequenceState, live_step, place_slots
-from .sampling import SamplingConfig, cut_at_stop, eos_ids, hit_stop, next_token
+from .batch_inputs import check_lengths, left_padded, pad_id, rows_of
+from .placement import Row, SequenceState, live_step, pad_positions, place_slots
+from .sampling import cut_at_stop, eos_ids, hit_stop, next_token, sampling_configs
+from .slot_buffer import PAD
 from .slave import ResolvedSlave, Slave
 
 TIMINGS = ("prefix", "live")
@@ -76,52 +77,30 @@ class FusedModel:
         if not self._open:
             raise FusionLabError("this FusedModel is closed; call fl.fuse(...) again.")
 
-    # --- inputs -----------------------------------------------------------------------------------------
-    def encode(self, prompt: str | torch.Tensor, chat: bool = False,
-               special_tokens: bool = True) -> tuple[torch.Tensor, str | None]:
-        """(ids (1, T), text or None); `special_tokens=False` when the prompt continues a context."""
-        if isinstance(prompt, str):
-            if not prompt:
-                raise FusionLabError("the prompt is empty; pass some text.")
-            text = self.master.chat_prompt(prompt) if chat else prompt
-            return self.master.encode(text, special_tokens), text
-        ids = torch.as_tensor(prompt)
-        ids = ids.view(1, -1) if ids.dim() == 1 else ids
-        if ids.shape[0] != 1:
-            raise FusionLabError(f"FusedModel runs batch size 1; got input_ids of shape {tuple(ids.shape)}.")
-        if ids.shape[1] == 0:
-            raise FusionLabError("the prompt is empty (0 tokens).")
-        return ids.to(self.master.device), None
-
-    def _layout(self, context: str | list[str] | None) -> ContextLayout | None:
-        return None if context is None else layout(self.master, self.slaves, context, self.timing)
-
-    def _check_length(self, n: int, context: ContextLayout | None = None) -> None:
-        if context is not None and context.length + n > self.master.spec.max_positions:
-            raise ContextTooLong(f"context of {context.length} master tokens plus {n} own tokens exceeds master "
-                                 f"{self.master.name}'s max positions {self.master.spec.max_positions}.")
-        if n > self.master.spec.max_positions:
-            raise ContextTooLong(f"sequence of {n} tokens exceeds master {self.master.name}'s max positions "
-                                 f"{self.master.spec.max_positions}; shorten the prompt or max_new_tokens.")
-        for s in self.slaves:
-            if s.same_tokenizer and n > s.lm.spec.max_positions:
-                raise ContextTooLong(f"sequence of {n} tokens exceeds slave {s.lm.name}'s max positions "
-                                     f"{s.lm.spec.max_positions}.")
-
     # --- forward ----------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def _forward(self, seq: SequenceState, ids: torch.Tensor, logits_to_keep: int = 0) -> torch.Tensor:
-        start = seq.length
-        pos = torch.arange(start, start + ids.shape[1], device=self.master.device).view(1, -1)
+    def _forward(self, seq: SequenceState, ids: torch.Tensor, pos: torch.Tensor | None = None,
+                 real: torch.Tensor | None = None, logits_to_keep: int = 0) -> torch.Tensor:
+        """The master reads ids (B, Q) at positions pos (B, Q) (default: each row's next ones); `real` (B, Q) marks
+        the tokens of a left-padded prefill. Logits (B, Q or logits_to_keep, V)."""
+        b, q = ids.shape
+        if pos is None:
+            pos = seq.next_pos[:, None] + torch.arange(q, device=ids.device)
+        e0 = seq.entries
+        seq.pos[:, e0:e0 + q] = pos if real is None else torch.where(real, pos, PAD)
+        pads = bool((seq.pos[:, :e0 + q] == PAD).any())
+        mask = (seq.pos[:, :e0 + q] != PAD).long() if pads else None  # transformers' own layers need it
         for rt in self._runtimes.values():
-            rt.active = True
+            rt.active, rt.past, rt.seq_pos = True, e0, seq.pos[:, :e0 + q]
+            rt.q_real = real if real is not None and not bool(real.all()) else None
         try:
-            out = self.master.model(input_ids=ids, position_ids=pos, cache=seq.master_cache, use_cache=True,
-                                    logits_to_keep=logits_to_keep)
+            out = self.master.model(input_ids=ids, position_ids=pos, attention_mask=mask, cache=seq.master_cache,
+                                    use_cache=True, logits_to_keep=logits_to_keep)
         finally:
             for rt in self._runtimes.values():
-                rt.active = False
-        seq.length += ids.shape[1]
+                rt.active, rt.q_real, rt.seq_pos = False, None, None
+        seq.entries += q
+        seq.next_pos = seq.next_pos + (q if real is None else real.sum(1))
         return out.logits
 
     def train_logits(self, ids: torch.Tensor, slots: dict[int, list[Any]], start: int = 0) -> torch.Tensor:
@@ -138,71 +117,93 @@ class FusedModel:
             for rt in self._runtimes.values():
                 rt.train, rt.active = None, False
 
-    @torch.inference_mode()
-    def __call__(self, prompt: str | torch.Tensor, prompt_len: int | None = None,
-                 context: str | list[str] | None = None) -> torch.Tensor:
-        """Logits (1, T, V) of the whole input. Slaves read the first `prompt_len` tokens (default all), or, with
-        `context`, only the context (see context.py): the master's tokens then start after it."""
+    def _start(self, prompt: Any, new_tokens: int, chat: bool, context: Any, prompt_len: int | None,
+               attention_mask: Any) -> tuple[list[Row], bool, SequenceState, torch.Tensor]:
+        """Rows, whether it is a batch, the placed slots, and the left-padded ids (B, W)."""
         self._check_open()
-        ctx = self._layout(context)
-        if ctx is not None and prompt_len is not None:
-            raise FusionLabError("prompt_len has no meaning with context=: the slaves read the context, not the prompt.")
-        ids, text = self.encode(prompt, special_tokens=ctx is None)
-        self._check_length(ids.shape[1], ctx)
-        prompt_len = ids.shape[1] if prompt_len is None else prompt_len
-        seq = place_slots(self._runtimes, self.master, self.slaves, ids, text, prompt_len, ids.shape[1], self.timing,
-                          ctx)
-        if self.timing == "live" and prompt_len < ids.shape[1]:
-            logits = [self._forward(seq, ids[:, :prompt_len])]
-            for t in range(prompt_len, ids.shape[1]):
-                live_step(self._runtimes, self.master, self.slaves, seq, ids[:, t:t + 1], t)
-                logits.append(self._forward(seq, ids[:, t:t + 1]))
-            return torch.cat(logits, dim=1)
-        return self._forward(seq, ids)
+        rows, batched = rows_of(self, prompt, chat, context, prompt_len, attention_mask)
+        check_lengths(self, rows, new_tokens)
+        width = max(r.ids.shape[1] for r in rows)
+        live_extra = width - rows[0].prompt_len if self.timing == "live" and not batched else 0
+        seq = place_slots(self._runtimes, self.master, self.slaves, rows, width, new_tokens + live_extra, self.timing)
+        return rows, batched, seq, left_padded(rows, pad_id(self.master))
+
+    def _prefill(self, rows: list[Row], seq: SequenceState, ids: torch.Tensor, keep: int = 0) -> torch.Tensor:
+        pos, real = pad_positions(rows, ids.shape[1], ids.device)
+        return self._forward(seq, ids, pos, None if bool(real.all()) else real, logits_to_keep=keep)
 
     @torch.inference_mode()
-    def prefill(self, prompt: str | torch.Tensor, max_new_tokens: int = 0, chat: bool = False,
-                context: str | list[str] | None = None) -> tuple[SequenceState, torch.Tensor, torch.Tensor]:
+    def __call__(self, prompt: str | list[str] | torch.Tensor, prompt_len: int | None = None,
+                 context: str | list[Any] | None = None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits of the whole input: (1, T, V) for one prompt, (B, W, V) for a batch (left padded: row b's tokens
+        are the last T_b). Slaves read the first `prompt_len` tokens (default all), or, with `context`, only the
+        context (see context.py): the master's tokens then start after it."""
+        rows, batched, seq, ids = self._start(prompt, 0, False, context, prompt_len, attention_mask)
+        plen = rows[0].prompt_len
+        if self.timing == "live" and not batched and plen < ids.shape[1]:  # rows_of refuses prompt_len for a batch
+            logits = [self._forward(seq, ids[:, :plen])]
+            for t in range(plen, ids.shape[1]):
+                live_step(self._runtimes, self.master, self.slaves, seq, ids[:, t:t + 1], seq.next_pos)
+                logits.append(self._forward(seq, ids[:, t:t + 1]))
+            return torch.cat(logits, dim=1)
+        return self._prefill(rows, seq, ids)
+
+    @torch.inference_mode()
+    def prefill(self, prompt: str | list[str] | torch.Tensor, max_new_tokens: int = 0, chat: bool = False,
+                context: str | list[Any] | None = None, attention_mask: torch.Tensor | None = None
+                ) -> tuple[SequenceState, torch.Tensor, torch.Tensor]:
         """Slaves read the prompt (or the context), slots are placed, the master reads the prompt:
-        (sequence, prompt ids, last logits)."""
-        self._check_open()
-        ctx = self._layout(context)
-        ids, text = self.encode(prompt, chat=chat, special_tokens=ctx is None)
-        self._check_length(ids.shape[1] + max_new_tokens, ctx)
-        seq = place_slots(self._runtimes, self.master, self.slaves, ids, text, ids.shape[1],
-                          ids.shape[1] + max_new_tokens, self.timing, ctx)
-        return seq, ids, self._forward(seq, ids, logits_to_keep=1)[:, -1]
+        (sequence, left-padded prompt ids (B, W), last logits (B, V))."""
+        rows, _, seq, ids = self._start(prompt, max_new_tokens, chat, context, None, attention_mask)
+        return seq, ids, self._prefill(rows, seq, ids, keep=1)[:, -1]
 
     @torch.inference_mode()
     def decode_one_token(self, seq: SequenceState, token: torch.Tensor) -> torch.Tensor:
-        """Feed one token (1, 1) at the next position; returns the next logits (1, V)."""
+        """Feed one token per row (B, 1) at each row's next position; returns the next logits (B, V)."""
         if self.timing == "live":
-            live_step(self._runtimes, self.master, self.slaves, seq, token, seq.length)
+            live_step(self._runtimes, self.master, self.slaves, seq, token, seq.next_pos)
         return self._forward(seq, token, logits_to_keep=1)[:, -1]
 
     @torch.inference_mode()
-    def generate(self, prompt: str | torch.Tensor, max_new_tokens: int = 32, do_sample: bool = False,
-                 temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None,
+    def generate(self, prompt: str | list[str] | torch.Tensor, max_new_tokens: int = 32, do_sample: bool = False,
+                 temperature: float = 1.0, top_p: float = 1.0, seed: int | list[int] | None = None,
                  eos_token_id: int | list[int] | None = None, chat: bool = False,
-                 stop: list[str] | None = None, context: str | list[str] | None = None) -> str | torch.Tensor:
-        """Like HF generate (greedy or sampling). A string in -> the new text out; ids in -> all ids out.
-        `stop`: strings that end generation; the returned text is cut before the first one.
-        `context`: a text only the slaves read (context offload, see context.py)."""
-        cfg = SamplingConfig(do_sample, temperature, top_p, seed)
+                 stop: list[str] | None = None, context: str | list[Any] | None = None,
+                 attention_mask: torch.Tensor | None = None) -> str | list[str] | torch.Tensor | list[torch.Tensor]:
+        """Like HF generate (greedy or sampling). A string in -> the new text out; ids in -> all ids out; a batch
+        (a list of strings, or ids with several rows / a mask) -> a list, one per row, in order.
+        `stop`: strings that end generation; the returned text is cut before the first one. Each row stops on its
+        own (EOS, stop string, max_new_tokens) and leaves the batch, so finished rows cost nothing more.
+        `seed`: an int seeds row i with seed + i; a list gives each row its own seed (then a prompt's samples do not
+        depend on what else is in the batch). `context`: a text only the slaves read (context offload)."""
+        rows, batched, seq, ids = self._start(prompt, max_new_tokens, chat, context, None, attention_mask)
+        cfgs = sampling_configs(len(rows), do_sample, temperature, top_p, seed)
         eos = eos_ids(self.master, eos_token_id)
-        seq, ids, logits = self.prefill(prompt, max_new_tokens, chat=chat, context=context)
-        new: list[int] = []
-        for _ in range(max_new_tokens):
-            tok = next_token(logits, cfg)  # (1, 1)
-            new.append(int(tok))
-            if int(tok) in eos or len(new) == max_new_tokens or hit_stop(self.master.tokenizer, new, stop):
+        logits = self._prefill(rows, seq, ids, keep=1)[:, -1]
+        new: list[list[int]] = [[] for _ in rows]
+        active = list(range(len(rows)))
+        while active and max_new_tokens > 0:
+            toks = torch.cat([next_token(logits[i:i + 1], cfgs[r]) for i, r in enumerate(active)])  # (A, 1)
+            going = []
+            for i, r in enumerate(active):
+                new[r].append(int(toks[i]))
+                if not (int(toks[i]) in eos or len(new[r]) == max_new_tokens or
+                        hit_stop(self.master.tokenizer, new[r], stop)):
+                    going.append(i)
+            if not going:
                 break
-            logits = self.decode_one_token(seq, tok)
-        if isinstance(prompt, str):
-            text = self.master.tokenizer.decode(new, skip_special_tokens=True)
-            self.last_text = cut_at_stop(text, stop)
-            return self.last_text
-        return torch.cat([ids, torch.tensor([new], device=ids.device, dtype=ids.dtype)], dim=1)
+            if len(going) < len(active):
+                keep = torch.tensor(going, device=toks.device)
+                seq.select(keep)
+                toks, active = toks[keep], [active[i] for i in going]
+            logits = self.decode_one_token(seq, toks)
+        if all(r.text is not None for r in rows) and not isinstance(prompt, torch.Tensor):
+            texts = [cut_at_stop(self.master.tokenizer.decode(n, skip_special_tokens=True), stop) for n in new]
+            self.last_text = texts[-1]
+            return texts if batched else texts[0]
+        outs = [torch.cat([r.ids, torch.tensor([n], device=r.ids.device, dtype=r.ids.dtype)], dim=1)
+                for r, n in zip(rows, new)]
+        return outs if batched else outs[0]
 
     # --- introspection ------------------------------------------------------------------------------------
     @contextmanager

@@ -25,11 +25,11 @@ class CapturedKV:
     values: dict[int, torch.Tensor] = field(default_factory=dict)
     """layer -> (B, H_kv, T, D)."""
     positions: torch.Tensor | None = None
-    """(T,) token positions in the capturing model's own frame."""
+    """(T,) token positions in the capturing model's own frame; (B, T) for a batch (one row per sequence)."""
 
     @property
     def length(self) -> int:
-        return 0 if self.positions is None else int(self.positions.numel())
+        return 0 if self.positions is None else int(self.positions.shape[-1])
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for d in (self.keys, self.values) for t in d.values())
@@ -56,10 +56,12 @@ def _hooks(lm: LM, layers: list[int], out: CapturedKV) -> list[Any]:
 
 @torch.inference_mode()
 def capture_kv(lm: LM, input_ids: torch.Tensor, layers: list[int] | None = None,
-               positions: torch.Tensor | None = None, cache: Any = None) -> CapturedKV:
-    """Run the decoder body (no LM head) on `input_ids` (1, T) and capture K/V at `layers` (default all).
+               positions: torch.Tensor | None = None, cache: Any = None,
+               attention_mask: torch.Tensor | None = None) -> CapturedKV:
+    """Run the decoder body (no LM head) on `input_ids` (B, T) and capture K/V at `layers` (default all).
 
-    With `cache` (a transformers Cache) the call is incremental: `positions` continue the sequence.
+    With `cache` (a transformers Cache) the call is incremental: `positions` continue the sequence. A left-padded
+    batch passes per-row `positions` (B, T) and its `attention_mask` (B, cache + T).
     """
     layers = list(range(lm.spec.layers)) if layers is None else sorted(set(layers))
     t = input_ids.shape[1]
@@ -69,8 +71,10 @@ def capture_kv(lm: LM, input_ids: torch.Tensor, layers: list[int] | None = None,
     out = CapturedKV(positions=positions)
     handles = _hooks(lm, layers, out)
     try:
-        lm.model.model(input_ids=input_ids.to(lm.device), position_ids=positions.view(1, -1).to(lm.device),
-                       cache=cache, use_cache=cache is not None)
+        pos = positions.view(1, -1) if positions.dim() == 1 else positions
+        lm.model.model(input_ids=input_ids.to(lm.device), position_ids=pos.to(lm.device), cache=cache,
+                       use_cache=cache is not None,
+                       attention_mask=None if attention_mask is None else attention_mask.to(lm.device))
     finally:
         for h in handles:
             h.remove()

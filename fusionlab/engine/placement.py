@@ -1,10 +1,12 @@
-"""Run the slaves on a prompt and place their slots into the master's per-layer buffers, once per sequence.
+"""Run the slaves on a batch's prompts (or contexts) and place their slots into the master's per-layer buffers.
 
-    slaves read the prompt -> master-frame slots per mapped layer (ResolvedSlave.to_master)
-    -> concat slots: one JointBuffer per layer [slots of every concat slave | own keys], pre-allocated
-    -> replace / blend slots: an Injection with a position lookup (edits the master's own K/V in place)
+    each row's slaves read that row's prompt (or context) -> master-frame slots per mapped layer
+    -> concat slots: one JointBuffer per layer [slots of every concat slave | own entries], one row per sequence
+    -> replace / blend slots: an Injection with a per-row position lookup (edits the master's own K/V in place)
 
-Live timing allocates room for every generated token too, and `live_step` appends one slot per slave per step.
+Rows are left padded to the longest prompt; a slave region is as long as its longest row (shorter rows: FAR entries).
+Live timing allocates room for every generated token too, and `live_step` appends one slot per slave per row per
+step. A single sequence is a batch of one (and then takes attention.py's exact fast paths).
 """
 from __future__ import annotations
 
@@ -18,34 +20,75 @@ from .attention import LayerRuntime
 from .context import ContextLayout
 from .lm import LM
 from .slave import ResolvedSlave
-from .slot_buffer import NO_SLOT, Injection, JointBuffer
+from .slot_buffer import FAR, NO_SLOT, PAD, Injection, JointBuffer
 from .token_align import identity_alignment
 
 
 @dataclass
+class Row:
+    """One sequence of a batch: its own ids, text (None for ids input), slaves' prompt length, and context."""
+
+    ids: torch.Tensor
+    """(1, T_r) the master's tokens."""
+    text: str | None
+    prompt_len: int
+    context: ContextLayout | None = None
+
+    @property
+    def base(self) -> int:
+        """Master position of the row's first own token (after its context)."""
+        return 0 if self.context is None else self.context.length
+
+
+@dataclass
 class SequenceState:
-    """Per-sequence state: the master's cache, each slave's cache (live timing), tokens read so far."""
+    """Per-batch state: the master's cache, each slave's per-row caches (live timing), and per-row positions."""
 
     master_cache: Any
-    slave_caches: list[Any]
-    length: int
+    slave_caches: list[list[Any]]
+    """[slave][row] a transformers cache (live timing), else None."""
+    next_pos: torch.Tensor
+    """(B,) the position each row's next own token takes."""
+    entries: int
+    """Cache entries written (the same for every row: rows are left padded)."""
+    pos: torch.Tensor
+    """(B, capacity) position of every cache entry: PAD for pads, FAR where not written yet."""
+    runtimes: dict[int, LayerRuntime] | None = None
+
+    @property
+    def length(self) -> int:
+        """A single sequence's next position (kept for batch-of-one callers)."""
+        return int(self.next_pos[0])
+
+    @property
+    def batch(self) -> int:
+        return int(self.next_pos.numel())
+
+    def select(self, idx: torch.Tensor) -> None:
+        """Keep rows `idx`: finished rows leave the batch and stop costing compute."""
+        self.master_cache.batch_select_indices(idx)
+        self.slave_caches = [[caches[i] for i in idx.tolist()] for caches in self.slave_caches]
+        self.next_pos, self.pos = self.next_pos[idx], self.pos[idx]
+        for rt in (self.runtimes or {}).values():
+            if rt.joint is not None:
+                rt.joint.select(idx)
+            for inj in rt.injections:
+                inj.select(idx)
 
 
 @dataclass
 class SlaveSlots:
-    """One slave's slots for one master layer, before they are written into a buffer."""
+    """One slave's slots for one row at one master layer, before they are written into a buffer."""
 
     slave_index: int
     slave: ResolvedSlave
+    row: int
     layer: int
-    """The master layer these slots feed."""
     k: torch.Tensor
     """(1, H_kv_m, S, D_m), in the master's frame (or naive, on purpose)."""
     v: torch.Tensor
     pos: torch.Tensor
-    """(S,) master position of each slot."""
-    room: int
-    """Entries to allocate: S, plus every future token under live timing."""
+    """(S,) master positions of the slots."""
 
     @property
     def mode(self) -> str:
@@ -56,86 +99,103 @@ class SlaveSlots:
         return self.slave.gates[self.layer]
 
 
-@dataclass(frozen=True)
-class Reading:
-    """What one slave reads: the text as master ids (1, T), the text itself, and the master position it starts at."""
-
-    master_ids: torch.Tensor
-    text: str | None
-    start: int = 0
-    special_tokens: bool = True
-    """Whether `master_ids` carry the master tokenizer's special tokens (a context after another does not)."""
-
-
-def _slots_of(master: LM, slaves: list[ResolvedSlave], readings: list[Reading], timing: str,
-              extra: int) -> tuple[dict[int, list[SlaveSlots]], list[Any]]:
-    """Each slave reads its text; its slots per mapped master layer (zero gates place nothing)."""
+def _slots_of(master: LM, slaves: list[ResolvedSlave], rows: list[Row], timing: str
+              ) -> tuple[dict[int, list[SlaveSlots]], list[list[Any]]]:
+    """Each slave reads each row's text (its context, or the prompt's first prompt_len tokens)."""
     per_layer: dict[int, list[SlaveSlots]] = {}
-    caches = []
-    for si, (s, r) in enumerate(zip(slaves, readings)):
-        s_ids, al = s.slave_inputs(master, r.master_ids, r.text, r.special_tokens)
-        cache = DynamicCache(config=s.lm.model.config) if timing == "live" else None
-        cap = s.capture_kv(s_ids, cache=cache)
-        pos = al.master_index.to(master.device) + r.start  # (S,) master positions
-        room = pos.numel() + (extra if timing == "live" else 0)
-        for i in s.layer_map.pairs:
-            if s.gates[i] > 0:  # a zero gate contributes nothing: no slots, no cost
-                k, v = s.to_master(master, cap, al, i, pos)
-                per_layer.setdefault(i, []).append(SlaveSlots(si, s, i, k, v, pos, room))
-        caches.append(cache)
+    caches: list[list[Any]] = [[] for _ in slaves]
+    for r, row in enumerate(rows):
+        for si, s in enumerate(slaves):
+            if row.context is not None:
+                span = row.context.spans[si]
+                s_ids, al = s.slave_inputs(master, span.master_ids, span.text, span.start == 0)
+                start = span.start
+            else:
+                text = row.text if row.prompt_len == row.ids.shape[1] else None  # slaves read prompt_len tokens
+                s_ids, al = s.slave_inputs(master, row.ids[:, :row.prompt_len], text)
+                start = 0
+            cache = DynamicCache(config=s.lm.model.config) if timing == "live" else None
+            cap = s.capture_kv(s_ids, cache=cache)
+            pos = al.master_index.to(master.device) + start  # (S,) master positions
+            for i in s.layer_map.pairs:
+                if s.gates[i] > 0:  # a zero gate contributes nothing: no slots, no cost
+                    k, v = s.to_master(master, cap, al, i, pos)
+                    per_layer.setdefault(i, []).append(SlaveSlots(si, s, r, i, k, v, pos))
+            caches[si].append(cache)
     return per_layer, caches
 
 
-def _fill_layer(rt: LayerRuntime, items: list[SlaveSlots], capacity: int, master: LM, timing: str,
-                own_base: int) -> None:
-    """Allocate this layer's buffers (own keys from position `own_base`) and write every slave's slots into them."""
+def _fill_layer(rt: LayerRuntime, items: list[SlaveSlots], n_rows: int, entries: int, extra: int, max_pos: int,
+                master: LM, timing: str) -> None:
+    """Allocate this layer's buffers and write every (row, slave)'s slots into them."""
     rt.injections, rt.joint = [], None
-    concat_room = sum(x.room for x in items if x.mode == "concat")
-    if concat_room:
-        like = items[0].k
-        rt.joint = JointBuffer.allocate(like.shape[1], like.shape[3], concat_room, capacity, master.dtype,
-                                        master.device, own_base)
-    offset = 0
+    by_slave: dict[int, list[SlaveSlots]] = {}
     for x in items:
-        if x.mode == "concat":
-            kb, vb, pb = rt.joint.region(offset, x.room, x.slave_index, x.gate, x.slave.slave.window_slots)
-            offset += x.room
+        by_slave.setdefault(x.slave_index, []).append(x)
+    room = {si: max(x.pos.numel() for x in xs) + (extra if timing == "live" else 0) for si, xs in by_slave.items()}
+    concat = [si for si, xs in by_slave.items() if xs[0].mode == "concat"]
+    if concat:
+        like = items[0].k
+        rt.joint = JointBuffer.allocate(n_rows, like.shape[1], like.shape[3], sum(room[si] for si in concat),
+                                        entries + extra, master.dtype, master.device)
+    offset = 0
+    for si, xs in by_slave.items():
+        first, size = xs[0], room[si]
+        if first.mode == "concat":
+            kb, vb, pb = rt.joint.region(offset, size, si, first.gate, first.slave.slave.window_slots)
+            offset += size
         else:
-            kb = torch.empty(1, x.k.shape[1], x.room, x.k.shape[3], dtype=x.k.dtype, device=x.k.device)
-            vb, pb = torch.empty_like(kb), torch.empty(x.room, dtype=torch.long, device=x.k.device)
-        lookup = torch.full((own_base + capacity,), NO_SLOT, dtype=torch.long, device=x.k.device)
-        inj = Injection(x.slave_index, x.mode, x.gate, kb, vb, pb, lookup)
-        inj.append(x.k, x.v, x.pos)
+            kb = torch.zeros(n_rows, first.k.shape[1], size, first.k.shape[3], dtype=first.k.dtype,
+                             device=first.k.device)
+            vb, pb = torch.zeros_like(kb), torch.full((n_rows, size), FAR, dtype=torch.long, device=kb.device)
+        lookup = torch.full((n_rows, max_pos), NO_SLOT, dtype=torch.long, device=kb.device)
+        inj = Injection(si, first.mode, first.gate, kb, vb, pb, lookup,
+                        torch.zeros(n_rows, dtype=torch.long, device=kb.device))
+        for x in xs:
+            inj.write(x.row, x.k, x.v, x.pos)
         rt.injections.append(inj)
     if rt.joint is not None:
-        rt.joint.dense = timing == "prefix" and all(g == 1.0 for _, _, g in rt.joint.regions)
+        rt.joint.dense = n_rows == 1 and timing == "prefix" and all(g == 1.0 for _, _, g in rt.joint.regions)
 
 
-def place_slots(runtimes: dict[int, LayerRuntime], master: LM, slaves: list[ResolvedSlave], ids: torch.Tensor,
-                text: str | None, prompt_len: int, capacity: int, timing: str,
-                context: ContextLayout | None = None) -> SequenceState:
-    """Run every slave on the first `prompt_len` ids (or on its context) and place its slots, pre-allocated for
-    `capacity` own tokens of the master. With a context the master's own tokens start after it."""
-    if context is None:
-        text = text if prompt_len == ids.shape[1] else None  # slaves read the first prompt_len tokens only
-        readings, base = [Reading(ids[:, :prompt_len], text)] * len(slaves), 0
-    else:
-        readings = [Reading(sp.master_ids, sp.text, sp.start, sp.start == 0) for sp in context.spans]
-        base = context.length
-    per_layer, caches = _slots_of(master, slaves, readings, timing, capacity - prompt_len)
+def place_slots(runtimes: dict[int, LayerRuntime], master: LM, slaves: list[ResolvedSlave], rows: list[Row],
+                width: int, capacity: int, timing: str) -> SequenceState:
+    """Run every row's slaves and place their slots, pre-allocated for `width` prompt entries (the longest row)
+    plus `capacity` new tokens per row."""
+    per_layer, caches = _slots_of(master, slaves, rows, timing)
+    max_pos = max(r.base for r in rows) + width + capacity + 1
     for i, rt in runtimes.items():
-        _fill_layer(rt, per_layer.get(i, []), capacity, master, timing, base)
-    return SequenceState(DynamicCache(config=master.model.config), caches, base)
+        _fill_layer(rt, per_layer.get(i, []), len(rows), width, capacity, max_pos, master, timing)
+    next_pos = torch.tensor([r.base for r in rows], dtype=torch.long, device=master.device)
+    table = torch.full((len(rows), width + capacity), FAR, dtype=torch.long, device=master.device)
+    return SequenceState(DynamicCache(config=master.model.config), caches, next_pos, 0, table, runtimes)
 
 
 def live_step(runtimes: dict[int, LayerRuntime], master: LM, slaves: list[ResolvedSlave], seq: SequenceState,
-              token: torch.Tensor, pos: int) -> None:
-    """Live timing: each slave reads the new token (1, 1); its slot at `pos` exists before the master reads it."""
-    p = torch.tensor([pos], device=master.device)
-    one = identity_alignment(1, p.device)  # live slaves share the master's tokens
+              token: torch.Tensor, pos: torch.Tensor) -> None:
+    """Live timing: each row's slaves read its new token (B, 1) at `pos` (B,); those slots exist before the master
+    reads the token."""
+    one = identity_alignment(1, pos.device)  # live slaves share the master's tokens
     for si, s in enumerate(slaves):
-        cap = s.capture_kv(token.to(s.lm.device), cache=seq.slave_caches[si], positions=p.to(s.lm.device))
-        for i in s.layer_map.pairs:
-            inj = next((x for x in runtimes[i].injections if x.slave == si), None)
-            if inj is not None:
-                inj.append(*s.to_master(master, cap, one, i, p), p)
+        for r in range(token.shape[0]):
+            p = pos[r:r + 1]
+            cap = s.capture_kv(token[r:r + 1].to(s.lm.device), cache=seq.slave_caches[si][r],
+                               positions=p.to(s.lm.device))
+            for i in s.layer_map.pairs:
+                inj = next((x for x in runtimes[i].injections if x.slave == si), None)
+                if inj is not None:
+                    inj.write(r, *s.to_master(master, cap, one, i, p), p)
+
+
+def pad_positions(rows: list[Row], width: int, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positions (B, width), real (B, width) bool) of the left-padded prompts: pads at PAD... their RoPE position 0."""
+    pos = torch.zeros(len(rows), width, dtype=torch.long, device=device)
+    real = torch.zeros(len(rows), width, dtype=torch.bool, device=device)
+    for r, row in enumerate(rows):
+        t = row.ids.shape[1]
+        pos[r, width - t:] = row.base + torch.arange(t, device=device)
+        real[r, width - t:] = True
+    return pos, real
+
+
+__all__ = ["PAD", "Row", "SequenceState", "live_step", "pad_positions", "place_slots"]

@@ -37,6 +37,17 @@ class Projector:
     def describe(self) -> str:
         return self.kind
 
+    def fingerprint(self) -> str:
+        """What identifies this projector's function (for cache keys): its kind, plus its weights where it has any."""
+        import hashlib
+
+        h = hashlib.sha256(self.kind.encode())
+        state = self.state_dict() if hasattr(self, "state_dict") else getattr(self, "weights", {})
+        for name in sorted(state):
+            h.update(name.encode())
+            h.update(state[name].detach().float().cpu().numpy().tobytes())
+        return h.hexdigest()
+
 
 class IdentityProjector(Projector):
     kind = "identity"

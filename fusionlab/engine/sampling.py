@@ -65,3 +65,15 @@ def eos_ids(master: Any, eos: int | list[int] | None) -> set[int]:
     if eos is None:
         return set()
     return {eos} if isinstance(eos, int) else set(eos)
+
+
+def sampling_configs(n: int, do_sample: bool, temperature: float, top_p: float,
+                     seed: int | list[int] | None) -> list[SamplingConfig]:
+    """One config per batch row: an int seed gives row i seed + i; a list gives each row its own."""
+    if isinstance(seed, (list, tuple)):
+        if len(seed) != n:
+            raise FusionLabError(f"seed= has {len(seed)} seeds for {n} prompts; pass one per prompt, or one int.")
+        seeds = list(seed)
+    else:
+        seeds = [None if seed is None else seed + i for i in range(n)]
+    return [SamplingConfig(do_sample, temperature, top_p, s) for s in seeds]

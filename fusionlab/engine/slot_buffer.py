@@ -1,7 +1,11 @@
-"""Where injected slots live: per-slave Injection records and the per-layer JointBuffer.
+"""Where injected slots live: per-slave Injection records and the per-layer JointBuffer, one row per sequence.
 
-Pre-allocated once per sequence; slots are written once (prefix) or appended (live) through views, and
-each forward writes only its new own keys, so decode steps never re-concatenate the cache.
+Pre-allocated once per batch; slots are written once (prefix) or appended (live) through views, and each forward
+writes only its new own keys, so decode steps never re-concatenate the cache. Rows are sequences of a batch: left
+padded, so every row's cache has the same number of entries; entry positions are per row:
+
+    FAR  an unfilled entry (a row with fewer slots than the longest, or room not used yet): never visible
+    PAD  a left-pad entry: visible only to pad queries (which must see something to stay finite), never to real ones
 """
 from __future__ import annotations
 
@@ -13,6 +17,8 @@ import torch
 from ..errors import FusionLabError
 
 NO_SLOT = -1
+FAR = 2**62
+PAD = -1
 
 
 @dataclass
@@ -23,46 +29,60 @@ class Injection:
     mode: str
     gate: float
     k: torch.Tensor
-    """(1, H_kv_m, capacity, D_m), already in the master's frame (or naive, on purpose)."""
+    """(B, H_kv_m, capacity, D_m), already in the master's frame (or naive, on purpose)."""
     v: torch.Tensor
     pos: torch.Tensor
-    """(capacity,) master position of each slot."""
+    """(B, capacity) master position of each slot; FAR where unfilled."""
     lookup: torch.Tensor
-    """(max_pos,) master position -> slot index, NO_SLOT where none (used by replace/blend)."""
-    n: int = 0
+    """(B, max_pos) master position -> slot index, NO_SLOT where none (used by replace/blend)."""
+    n: torch.Tensor
+    """(B,) slots written per row."""
 
-    def append(self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> None:
-        """k, v (1, H, S, D); pos (S,). Writes into the pre-allocated buffers."""
-        s = pos.numel()
-        if self.n + s > self.k.shape[2] or int(pos.max()) >= self.lookup.numel():
+    def write(self, row: int, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> None:
+        """One row's slots: k, v (1, H, S, D); pos (S,)."""
+        s, start = pos.numel(), int(self.n[row])
+        if start + s > self.k.shape[2] or (s and int(pos.max()) >= self.lookup.shape[1]):
             raise FusionLabError("injection buffer full: raise max_new_tokens / capacity for this sequence.")
-        self.k[:, :, self.n:self.n + s] = k
-        self.v[:, :, self.n:self.n + s] = v
-        self.pos[self.n:self.n + s] = pos
-        self.lookup[pos] = torch.arange(self.n, self.n + s, device=pos.device)
-        self.n += s
+        self.k[row, :, start:start + s] = k[0]
+        self.v[row, :, start:start + s] = v[0]
+        self.pos[row, start:start + s] = pos
+        self.lookup[row, pos] = torch.arange(start, start + s, device=pos.device)
+        self.n[row] += s
+
+    def append_all(self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> None:
+        """Live timing: one new slot per row, k, v (B, H, 1, D) at positions pos (B,)."""
+        rows = torch.arange(pos.numel(), device=pos.device)
+        if int(self.n.max()) >= self.k.shape[2] or int(pos.max()) >= self.lookup.shape[1]:
+            raise FusionLabError("injection buffer full: raise max_new_tokens / capacity for this sequence.")
+        self.k[rows, :, self.n] = k[:, :, 0]
+        self.v[rows, :, self.n] = v[:, :, 0]
+        self.pos[rows, self.n] = pos
+        self.lookup[rows, pos] = self.n
+        self.n += 1
+
+    def select(self, idx: torch.Tensor) -> None:
+        """Keep rows `idx` (finished rows leave the batch)."""
+        self.k, self.v, self.pos = self.k[idx], self.v[idx], self.pos[idx]
+        self.lookup, self.n = self.lookup[idx], self.n[idx]
 
     @property
     def nbytes(self) -> int:
-        return 2 * self.n * self.k.shape[1] * self.k.shape[3] * self.k.element_size()
-
-
-FAR = 2**62  # position of an unfilled buffer entry: never visible
+        return 2 * int(self.n.sum()) * self.k.shape[1] * self.k.shape[3] * self.k.element_size()
 
 
 @dataclass
 class JointBuffer:
-    """[slots of every concat slave | own keys] for one layer, pre-allocated once per sequence.
+    """[slots of every concat slave | own keys] for one layer, pre-allocated once per batch.
 
-    Slots are written once (prefix) or appended (live) through views into this buffer; each forward writes
-    only its new own keys, so a decode step copies O(1) rows instead of re-concatenating the whole cache.
+    Own keys are stored by cache entry (entry e of every row at own_offset + e), with the row's position of that
+    entry; slots by slave region. A decode step writes one entry per row, never re-concatenating the cache.
     """
 
     k: torch.Tensor
-    """(1, H_kv, N_cap, D)."""
+    """(B, H_kv, N_cap, D)."""
     v: torch.Tensor
     pos: torch.Tensor
-    """(N_cap,) position of each entry; FAR where unfilled."""
+    """(B, N_cap) position of each entry; FAR where unfilled, PAD for left-pad entries."""
     bias: torch.Tensor
     """(N_cap,) score bias: log(gate) for slots, 0 for own keys."""
     windowed: torch.Tensor
@@ -70,24 +90,22 @@ class JointBuffer:
     src: torch.Tensor
     """(N_cap,) -1 for own keys, else the slave index."""
     own_offset: int
-    own_base: int = 0
-    """Master position of the first own key (context offload: the context's length; else 0)."""
     regions: list[tuple[int, int, float]] = field(default_factory=list)
     """(start, size, gate) of each slave's slot region."""
     dense: bool = False
-    """Every slot region is full and every gate is 1: a decode query sees all entries, no mask needed."""
+    """One row, every slot region full and every gate 1: a decode query sees all entries, no mask needed."""
 
     @classmethod
-    def allocate(cls, h: int, d: int, slots: int, tokens: int, dtype: torch.dtype,
-                 device: torch.device, own_base: int = 0) -> "JointBuffer":
-        """Room for `slots` injected entries (all concat slaves) and `tokens` own keys from position `own_base`."""
+    def allocate(cls, b: int, h: int, d: int, slots: int, tokens: int, dtype: torch.dtype,
+                 device: torch.device) -> "JointBuffer":
+        """Room for `slots` injected entries (all concat slaves) and `tokens` own cache entries per row."""
         n = slots + tokens
-        return cls(torch.zeros(1, h, n, d, dtype=dtype, device=device),
-                  torch.zeros(1, h, n, d, dtype=dtype, device=device),
-                  torch.full((n,), FAR, dtype=torch.long, device=device),
-                  torch.zeros(n, dtype=torch.float32, device=device),
-                  torch.ones(n, dtype=torch.bool, device=device),
-                  torch.full((n,), -1, dtype=torch.long, device=device), slots, own_base)
+        return cls(torch.zeros(b, h, n, d, dtype=dtype, device=device),
+                   torch.zeros(b, h, n, d, dtype=dtype, device=device),
+                   torch.full((b, n), FAR, dtype=torch.long, device=device),
+                   torch.zeros(n, dtype=torch.float32, device=device),
+                   torch.ones(n, dtype=torch.bool, device=device),
+                   torch.full((n,), -1, dtype=torch.long, device=device), slots)
 
     def region(self, start: int, size: int, slave: int, gate: float, window_slots: bool):
         """Views (k, v, pos) of one slave's slot region; sets its bias, window flag and source."""
@@ -96,13 +114,17 @@ class JointBuffer:
         self.bias[sl] = math.log(gate) if gate > 0 else float("-inf")
         self.windowed[sl] = window_slots
         self.src[sl] = slave
-        return self.k[:, :, sl], self.v[:, :, sl], self.pos[sl]
+        return self.k[:, :, sl], self.v[:, :, sl], self.pos[:, sl]
 
-    def write_own(self, key: torch.Tensor, value: torch.Tensor, q_pos: torch.Tensor) -> int:
-        """Store the new tokens' own K/V (the last Q of `key`) at their positions; returns entries in use."""
-        q = q_pos.numel()
-        idx = self.own_offset + q_pos - self.own_base
+    def write_own(self, key: torch.Tensor, value: torch.Tensor, past: int, q_pos: torch.Tensor) -> int:
+        """Store the new tokens' own K/V (the last Q of `key`) as cache entries past..past+Q-1, with their
+        positions q_pos (B, Q) (PAD for pads); returns the entries in use."""
+        q = q_pos.shape[1]
+        idx = self.own_offset + past + torch.arange(q, device=key.device)
         self.k[:, :, idx] = key[:, :, -q:]
         self.v[:, :, idx] = value[:, :, -q:]
-        self.pos[idx] = q_pos
-        return self.own_offset + int(q_pos[-1]) - self.own_base + 1
+        self.pos[:, idx] = q_pos
+        return self.own_offset + past + q
+
+    def select(self, idx: torch.Tensor) -> None:
+        self.k, self.v, self.pos = self.k[idx], self.v[idx], self.pos[idx]

@@ -144,17 +144,23 @@ def _check_chunks(chunks: list[TrainChunk], task: str) -> None:
             raise FusionLabError(f"task='offload' needs a context in every chunk; chunk {n} has none.")
 
 
-def _slots(fused: FusedModel, fuser: LearnedFuser, p: Prepared) -> dict[int, list[TrainSlots]]:
-    rs, mode = fused.slaves[0], fuser.config.mode
+def _slots(fused: FusedModel, fuser: LearnedFuser | None, p: Prepared) -> dict[int, list[TrainSlots]]:
+    """Slots for every mapped layer, built by the engine's own code; gates from the fuser (learnable) or, for any
+    other projector, the resolved slave's fixed gates."""
+    rs = fused.slaves[0]
     slots = {}
-    for i in fuser.layers:
+    for i in rs.layer_map.pairs:
+        gate = fuser.gate_tensor(i) if fuser is not None else torch.tensor(rs.gates[i])
+        if fuser is None and rs.gates[i] == 0:
+            continue
         k, v = rs.to_master(fused.master, p.cap, p.al, i, p.pos)
-        slots[i] = [TrainSlots(k, v, p.pos, fuser.gate_tensor(i), mode, rs.slave.window_slots)]
+        slots[i] = [TrainSlots(k, v, p.pos, gate, rs.slave.mode, rs.slave.window_slots)]
     return slots
 
 
-def loss_of(fused: FusedModel, fuser: LearnedFuser, p: Prepared) -> torch.Tensor:
-    """The master's mean next-token loss on the chunk with the fuser's slots injected (differentiable)."""
+def loss_of(fused: FusedModel, fuser: LearnedFuser | None, p: Prepared) -> torch.Tensor:
+    """The master's mean next-token loss on the chunk with the slave's slots injected (differentiable through a
+    fuser; `fuser=None` scores any other projector the same way)."""
     logits = fused.train_logits(p.ids, _slots(fused, fuser, p), p.start)
     return F.cross_entropy(logits[0, :-1].float(), p.ids[0, 1:])
 

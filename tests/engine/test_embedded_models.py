@@ -166,3 +166,19 @@ def test_readme_context_offload_example_runs():
     with contextlib.redirect_stdout(out):
         exec(compile(block, "README.md", "exec"), {})
     assert "lisbon" in out.getvalue().splitlines()[-1].lower()
+
+
+def test_qwen_batch_rows_equal_each_prompt_alone(qwen, qwen_slave):
+    """A batch of very different lengths: each row's logits and greedy tokens equal its prompt run alone, with a
+    cross-tokenizer SmolLM2 slave (prefix) and with a self-copy read live."""
+    prompts = ["def add(a, b):", PROMPT, "请用一句话解释什么是缓存。" * 3]
+    s = fl.load(SMOL)
+    proj = fl.fit_lstsq(qwen, s, texts=fl.fit.calibration_paragraphs()[:6], holdout_every=0)
+    for slaves, timing in (([fl.Slave(s, layer_map=proj.layer_map, projector=proj, align="mean")], "prefix"),
+                           ([fl.Slave(qwen_slave, mode="concat")], "live")):
+        with fl.fuse(qwen, slaves, timing=timing) as f:
+            batch = f(prompts)
+            for b, p in enumerate(prompts):
+                alone = f(p)
+                assert (batch[b, -alone.shape[1]:] - alone[0]).abs().max() <= 1e-3, (timing, b)
+            assert f.generate(prompts, max_new_tokens=8) == [f.generate(p, max_new_tokens=8) for p in prompts]
