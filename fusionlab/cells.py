@@ -111,21 +111,42 @@ class Cell:
 
 def run_cells(cache: CellCache, cells: list[Cell], open_model: Callable[[], AbstractContextManager[M]],
               compute: Callable[[M, Cell], dict[str, Any]], desc: str,
-              skip: tuple[type[Exception], ...] = (ContextTooLong,)) -> list[dict[str, Any]]:
+              skip: tuple[type[Exception], ...] = (ContextTooLong,),
+              compute_batch: Callable[[M, list[Cell]], list[dict[str, Any]]] | None = None,
+              batch_size: int = 1, batch_key: Callable[[Cell], Any] | None = None) -> list[dict[str, Any]]:
     """Compute the cells the cache lacks, appending each as it finishes, and return every cell's record in order.
 
-    The model is opened once, and only if some cell is missing (a finished grid loads nothing). An exception in
-    `skip` records the cell as skipped with its message, so a re-run never retries it.
+    The model is opened once, and only if some cell is missing (a finished grid loads nothing). With
+    `compute_batch`, missing cells go `batch_size` at a time; a batch that raises one of `skip` is redone cell by cell,
+    so only the cells that really cannot run are recorded as skipped (with the message), never retried.
+    `batch_key` orders the missing cells before batching (e.g. by length: less padding); results keep `cells` order.
     """
     from tqdm.auto import tqdm
 
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise FusionLabError(f"batch_size must be a positive int, got {batch_size!r}.")
     todo = [c for c in cells if c.key not in cache]
+    if batch_key is not None:
+        todo.sort(key=batch_key)
     if todo:
-        with open_model() as model:
-            for c in tqdm(todo, desc=desc, leave=False):
-                try:
-                    rec = compute(model, c)
-                except skip as e:
-                    rec = {"skipped": str(e)}
-                cache.add({"key": c.key, **c.fields, **rec})
+        with open_model() as model, tqdm(total=len(todo), desc=desc, leave=False) as bar:
+            step = batch_size if compute_batch is not None else 1
+            for at in range(0, len(todo), step):
+                group = todo[at:at + step]
+                recs = None
+                if compute_batch is not None and len(group) > 1:
+                    try:
+                        recs = compute_batch(model, group)
+                    except skip:
+                        recs = None  # some cell of the batch cannot run: find which, one by one
+                if recs is None:
+                    recs = []
+                    for c in group:
+                        try:
+                            recs.append(compute(model, c))
+                        except skip as e:
+                            recs.append({"skipped": str(e)})
+                for c, rec in zip(group, recs):
+                    cache.add({"key": c.key, **c.fields, **rec})
+                bar.update(len(group))
     return [cache[c.key] for c in cells]

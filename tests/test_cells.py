@@ -74,3 +74,24 @@ def test_two_processes_appending_never_interleave(tmp_path):
     lines = path.read_text().splitlines()
     assert len(lines) == 400 and all(json.loads(line)["payload"] == "x" * 5000 for line in lines)
     assert len(CellCache(path)) == 400
+
+
+def test_batches_fall_back_cell_by_cell_when_one_cannot_run(tmp_path):
+    seen = []
+
+    def one(model, c):
+        if c.item == 2:
+            raise ContextTooLong("cell 2 is too long")
+        return {"v": c.item}
+
+    def batch(model, cs):
+        seen.append([c.item for c in cs])
+        return [one(model, c) for c in cs]  # raises for the batch holding cell 2
+
+    cells = [Cell(cell_key("b", i), {"i": i}, i) for i in (4, 3, 2, 1, 0)]
+    out = run_cells(CellCache(tmp_path / "c.jsonl"), cells, lambda: nullcontext(None), one, desc="t",
+                    compute_batch=batch, batch_size=2, batch_key=lambda c: c.item)
+    assert seen == [[0, 1], [2, 3]]  # ordered by the key before batching; the last single cell goes alone
+    assert [r.get("v") for r in out] == [4, 3, None, 1, 0] and out[2]["skipped"] == "cell 2 is too long"
+    with pytest.raises(FusionLabError, match="batch_size must be a positive int"):
+        run_cells(CellCache(tmp_path / "d.jsonl"), cells, lambda: nullcontext(None), one, desc="t", batch_size=0)

@@ -57,6 +57,8 @@ class FusedModel:
         master.model.set_attn_implementation(att.install_interface(self._base))
         self._open = True
         self.last_text: str | None = None
+        self.row_slot_bytes: list[dict[str, int]] = []
+        """Per row of the last prompt or batch: bytes of the slots placed (for the grids' cost columns)."""
 
     # --- lifecycle ------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -126,7 +128,18 @@ class FusedModel:
         width = max(r.ids.shape[1] for r in rows)
         live_extra = width - rows[0].prompt_len if self.timing == "live" and not batched else 0
         seq = place_slots(self._runtimes, self.master, self.slaves, rows, width, new_tokens + live_extra, self.timing)
+        self.row_slot_bytes = self._placed_bytes(len(rows))
         return rows, batched, seq, left_padded(rows, pad_id(self.master))
+
+    def _placed_bytes(self, n_rows: int) -> list[dict[str, int]]:
+        """Per row, bytes of the slots each slave placed for its prompt (measured from the fresh buffers)."""
+        out = [{s.lm.name: 0 for s in self.slaves} for _ in range(n_rows)]
+        for rt in self._runtimes.values():
+            for inj in rt.injections:
+                per = 2 * inj.k.shape[1] * inj.k.shape[3] * inj.k.element_size()
+                for r in range(n_rows):
+                    out[r][self.slaves[inj.slave].lm.name] += int(inj.n[r]) * per
+        return out
 
     def _prefill(self, rows: list[Row], seq: SequenceState, ids: torch.Tensor, keep: int = 0) -> torch.Tensor:
         pos, real = pad_positions(rows, ids.shape[1], ids.device)

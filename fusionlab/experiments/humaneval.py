@@ -45,19 +45,26 @@ def default_cache() -> Path:
 
 
 def generate_all(name: str, key: str, build: Callable[[], FusedModel], tasks: list[dict[str, Any]],
-                 max_new_tokens: int = 256, cache: Path | None = None) -> pd.DataFrame:
-    """Greedy completions of each task's prompt (raw continuation, standard stop strings), cached."""
-    def complete(fused: FusedModel, c: Cell) -> dict[str, Any]:
+                 max_new_tokens: int = 256, cache: Path | None = None, batch_size: int = 8) -> pd.DataFrame:
+    """Greedy completions of each task's prompt (raw continuation, standard stop strings), cached; `batch_size`
+    prompts at a time (each row equals its prompt alone; `seconds` is a batch's wall time shared among its rows)."""
+    def complete_batch(fused: FusedModel, cs: list[Cell]) -> list[dict[str, Any]]:
         t0 = time.perf_counter()
-        completion = fused.generate(c.item["prompt"], max_new_tokens=max_new_tokens, stop=STOP)
-        return {"completion": completion, "seconds": time.perf_counter() - t0,
-                "new_tokens": len(fused.master.tokenizer(completion)["input_ids"]),
-                "extra_kv_bytes": sum(fused.slot_bytes().values())}
+        outs = fused.generate([c.item["prompt"] for c in cs], max_new_tokens=max_new_tokens, stop=STOP)
+        dt = (time.perf_counter() - t0) / len(cs)
+        return [{"completion": o, "seconds": dt, "new_tokens": len(fused.master.tokenizer(o)["input_ids"]),
+                 "extra_kv_bytes": sum(fused.row_slot_bytes[i].values()), "batch": len(cs)}
+                for i, o in enumerate(outs)]
+
+    def complete(fused: FusedModel, c: Cell) -> dict[str, Any]:
+        return complete_batch(fused, [c])[0] | {"batch": 1}
 
     cells = [Cell(cell_key(key, t["task_id"], t["prompt"], max_new_tokens), {"setting": name, "task_id": t["task_id"]},
                   t) for t in tasks]
     store = CellCache(cache or default_cache())
-    return pd.DataFrame(run_cells(store, cells, lambda: closing(build()), complete, desc=name))
+    return pd.DataFrame(run_cells(store, cells, lambda: closing(build()), complete, desc=name,
+                                  compute_batch=complete_batch, batch_size=batch_size,
+                                  batch_key=lambda c: len(c.item["prompt"])))
 
 
 def check(gens: pd.DataFrame, timeout: float = 5.0) -> pd.DataFrame:

@@ -52,23 +52,33 @@ def grid_cells(setting: Setting, needles: list[Needle], lengths: list[int], dept
 
 
 def run_grid(master: LM, settings: list[Setting], needles: list[Needle], lengths: list[int], depths: list[float],
-             haystacks: dict[str, str], cache: Path | None = None, max_new_tokens: int = 24) -> pd.DataFrame:
-    """Run every missing cell (tqdm shows progress) and return all requested cells as a DataFrame."""
+             haystacks: dict[str, str], cache: Path | None = None, max_new_tokens: int = 24,
+             batch_size: int = 4) -> pd.DataFrame:
+    """Run every missing cell (tqdm shows progress; cells of one length batched) and return all requested cells.
+    `seconds` is a batch's wall time shared among its cells."""
     store = CellCache(cache or default_cache())
     texts = {lang: load_haystack(name) for lang, name in haystacks.items()}
 
-    def answer(fused: FusedModel, c: Cell) -> dict[str, Any]:
+    def answer_batch(fused: FusedModel, cs: list[Cell]) -> list[dict[str, Any]]:
         t0 = time.perf_counter()  # a haystack too short, or a slave that cannot hold the prompt: ContextTooLong
-        nd, fields = c.item, c.fields
-        context, _ = build_context(master.tokenizer, texts[nd.lang], nd, fields["length"], fields["depth"],
-                                   max_positions=master.spec.max_positions)
-        text = fused.generate(prompt_for(master, context, nd), max_new_tokens=max_new_tokens)
-        return {"answer": text, **score(text, nd), "seconds": round(time.perf_counter() - t0, 2)}
+        prompts = []
+        for c in cs:
+            context, _ = build_context(master.tokenizer, texts[c.item.lang], c.item, c.fields["length"],
+                                       c.fields["depth"], max_positions=master.spec.max_positions)
+            prompts.append(prompt_for(master, context, c.item))
+        outs = fused.generate(prompts, max_new_tokens=max_new_tokens)
+        dt = round((time.perf_counter() - t0) / len(cs), 2)
+        return [{"answer": o, **score(o, c.item), "seconds": dt, "batch": len(cs)} for o, c in zip(outs, cs)]
+
+    def answer(fused: FusedModel, c: Cell) -> dict[str, Any]:
+        return answer_batch(fused, [c])[0] | {"batch": 1}
 
     rows, skipped = [], []
     for st in settings:
         cells = grid_cells(st, needles, lengths, depths, texts, max_new_tokens)
-        for rec in run_cells(store, cells, lambda: closing(st.build()), answer, desc=st.name):
+        for rec in run_cells(store, cells, lambda st=st: closing(st.build()), answer, desc=st.name,
+                             compute_batch=answer_batch, batch_size=batch_size,
+                             batch_key=lambda c: (c.fields["length"], c.item.lang)):
             if "skipped" in rec:
                 where = {k: rec[k] for k in ("setting", "needle", "length", "depth")}
                 skipped.append(where | {"reason": rec["skipped"]})

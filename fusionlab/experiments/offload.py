@@ -126,17 +126,24 @@ class Setting:
     slaves: list[str] = field(default_factory=list)
 
 
-def answer(fused: FusedModel, item: Item, reads: str, max_new_tokens: int) -> str:
-    prompt = item.prompt(fused.master)
+def answers(fused: FusedModel, items: list[Item], reads: str, max_new_tokens: int) -> list[str]:
+    """A batch of items answered one way (see READS); every row equals its item answered alone."""
+    m = fused.master
+    prompts = [it.prompt(m) for it in items]
     if reads == "nothing":
-        return fused.generate(prompt, max_new_tokens=max_new_tokens)
-    if reads == "itself":
-        m = fused.master
-        ids = torch.cat([m.encode(item.document), m.encode(prompt, special_tokens=False)], dim=1)
-        out = fused.generate(ids, max_new_tokens=max_new_tokens)
-        return m.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
-    return fused.generate(prompt, max_new_tokens=max_new_tokens, context=item.document if reads == "document"
-                          else item.decoy)
+        return fused.generate(prompts, max_new_tokens=max_new_tokens)
+    if reads == "itself":  # the skyline: document ids + prompt ids, as one sequence per row
+        rows = [torch.cat([m.encode(it.document), m.encode(p, special_tokens=False)], dim=1)[0]
+                for it, p in zip(items, prompts)]
+        width = max(len(r) for r in rows)
+        ids = torch.zeros(len(rows), width, dtype=rows[0].dtype)
+        mask = torch.zeros(len(rows), width, dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, :len(r)], mask[i, :len(r)] = r, 1
+        outs = fused.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens)
+        return [m.tokenizer.decode(o[0, len(r):], skip_special_tokens=True) for o, r in zip(outs, rows)]
+    docs = [it.document if reads == "document" else it.decoy for it in items]
+    return fused.generate(prompts, max_new_tokens=max_new_tokens, context=docs)
 
 
 def settings(master: LM, slaves: dict[str, tuple[LM, LstsqProjector]], kvcomm: dict[str, LayerMap] | None = None,
@@ -156,8 +163,8 @@ def settings(master: LM, slaves: dict[str, tuple[LM, LstsqProjector]], kvcomm: d
         lm, proj = slaves[label]
         return Slave(lm, layer_map=lmap or proj.layer_map, projector=proj, align="mean", rope=rope)
 
-    for label, (lm, _) in slaves.items():
-        key = f"{fp}|{lm.fingerprint[:12]}|lstsq"
+    for label, (lm, proj) in slaves.items():
+        key = f"{fp}|{lm.fingerprint[:12]}|{proj.kind}|{proj.fingerprint()[:12]}"
         mk = lambda label=label: fuse(master, [slave(label)])  # noqa: E731
         out += [Setting(f"+{label}", key, mk, "document", "cross", slaves=[label]),
                 Setting(f"+{label}, shuffled doc", key, mk, "decoy", "control", f"+{label}", [label])]
@@ -171,7 +178,7 @@ def settings(master: LM, slaves: dict[str, tuple[LM, LstsqProjector]], kvcomm: d
                                lambda label=label, sel=sel: fuse(master, [slave(label, lmap=sel)]), "document",
                                "cross", slaves=[label]))
     if bus and len(slaves) > 1:
-        key = f"{fp}|bus|" + "|".join(lm.fingerprint[:12] for lm, _ in slaves.values())
+        key = f"{fp}|bus|" + "|".join(f"{lm.fingerprint[:12]}:{p.fingerprint()[:12]}" for lm, p in slaves.values())
         name = "+" + " +".join(slaves)
         mk = lambda: fuse(master, [slave(label) for label in slaves])  # noqa: E731
         out += [Setting(name, key, mk, "document", "bus", slaves=list(slaves)),
@@ -183,16 +190,19 @@ def default_cache() -> Path:
     return cache_dir() / "offload.jsonl"
 
 
-def run(items: list[Item], grid: list[Setting], max_new_tokens: int = 24, cache: Path | None = None) -> pd.DataFrame:
-    """Every (setting, item) cell, resumable; one row per cell with the answer, its label and its cost."""
+def run(items: list[Item], grid: list[Setting], max_new_tokens: int = 24, cache: Path | None = None,
+        batch_size: int = 4) -> pd.DataFrame:
+    """Every (setting, item) cell, resumable, `batch_size` items at a time (similar lengths together); one row per
+    cell with the answer, its label and its cost (`seconds`: a batch's wall time shared among its cells)."""
     store = CellCache(cache or default_cache())
 
-    def compute(reads: str) -> Callable[[FusedModel, Cell], dict[str, Any]]:
-        def one(fused: FusedModel, c: Cell) -> dict[str, Any]:
+    def compute_batch(reads: str) -> Callable[[FusedModel, list[Cell]], list[dict[str, Any]]]:
+        def many(fused: FusedModel, cs: list[Cell]) -> list[dict[str, Any]]:
             t0 = time.perf_counter()
-            text = answer(fused, c.item, reads, max_new_tokens)
-            return {"answer": text, **score_item(text, c.item), "seconds": round(time.perf_counter() - t0, 2)}
-        return one
+            texts = answers(fused, [c.item for c in cs], reads, max_new_tokens)
+            dt = round((time.perf_counter() - t0) / len(cs), 2)
+            return [{"answer": t, **score_item(t, c.item), "seconds": dt, "batch": len(cs)} for t, c in zip(texts, cs)]
+        return many
 
     rows = []
     for st in grid:
@@ -203,42 +213,9 @@ def run(items: list[Item], grid: list[Setting], max_new_tokens: int = 24, cache:
                            it.question, max_new_tokens)
             cells.append(Cell(key, {"setting": st.name, "item": it.id, "task": it.task, "lang": it.lang,
                                     "length": it.length, "depth": it.depth}, it))
-        for rec in run_cells(store, cells, lambda st=st: closing(st.build()), compute(st.reads), desc=st.name):
+        many = compute_batch(st.reads)
+        for rec in run_cells(store, cells, lambda st=st: closing(st.build()), lambda f, c, many=many: many(f, [c])[0],
+                             desc=st.name, compute_batch=many, batch_size=batch_size,
+                             batch_key=lambda c: (c.fields["length"], c.fields["lang"])):
             rows.append({**rec, "role": st.role, "control_of": st.control_of})
     return pd.DataFrame(rows).drop(columns=["key"])
-
-
-@dataclass
-class Plan:
-    """What one run size measures. Calibration needles (KVComm's layer scores) are never evaluated."""
-
-    facts: list[str]
-    pairs: list[tuple[str, str]]
-    lengths: list[int]
-    depths: list[float]
-    slaves: list[str]
-    naive: list[str]
-    kvcomm: list[str]
-    bus: bool
-    max_new_tokens: int = 24
-    calibration: list[str] = field(default_factory=lambda: ["en-person", "zh-person"])
-
-
-def plan(size: str) -> Plan:
-    slaves = ["smollm2-135m-instruct", "gemma3-270m"]
-    if size == "quick":
-        return Plan(["en-city", "en-number"], [], [256], [50], slaves[:1], [], slaves[:1], False, 16, ["en-person"])
-    if size == "default":
-        return Plan(["en-city", "en-number", "zh-city"], [("en-city", "en-number")], [256, 1024, 2048], [50], slaves,
-                    slaves[:1], slaves, True, 16)
-    if size == "full":
-        return Plan(["en-city", "en-number", "en-ingredient", "zh-city", "zh-number", "zh-ingredient"],
-                    [("en-city", "en-number"), ("en-ingredient", "en-city"), ("zh-city", "zh-number"),
-                     ("zh-ingredient", "zh-city")], [256, 1024, 2048, 4096], [25, 75], slaves, slaves, slaves, True)
-    raise FusionLabError(f"unknown run size {size!r}: use 'quick', 'default' or 'full'.")
-
-
-def calibration_samples(master: LM, p: Plan, haystacks: dict[str, str] = HAYSTACKS) -> list[tuple[str, str]]:
-    """(prompt, document) pairs for KVComm's layer scores: calibration needles at the shortest length, never scored."""
-    items = build_items(master, p.calibration, [], [min(p.lengths)], [50], haystacks)
-    return [(it.prompt(master), it.document) for it in items]

@@ -68,3 +68,13 @@ def test_generate_all_caches(tiny, tmp_path):
     assert builds == [1] and a["completion"].tolist() == b["completion"].tolist()
     table = he.pass_at_1(he.check(a, timeout=2))
     assert table["n"].iloc[0] == 2 and 0 <= table["pass@1"].iloc[0] <= 1
+
+
+def test_batched_completions_equal_batch_one(tiny, tmp_path):
+    m = tiny("tiny-qwen2")
+    tasks = [t for t in he.problems() if len(t["prompt"]) < 300][:5]  # within the tiny model's 512 positions
+    one = he.generate_all("s", "k", lambda: fl.fuse(m, []), tasks, max_new_tokens=12, cache=tmp_path / "a.jsonl",
+                          batch_size=1)
+    many = he.generate_all("s", "k", lambda: fl.fuse(m, []), tasks, max_new_tokens=12, cache=tmp_path / "b.jsonl",
+                           batch_size=4)
+    assert one["completion"].tolist() == many["completion"].tolist() and set(many["batch"]) == {4, 1}

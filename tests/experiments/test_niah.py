@@ -142,8 +142,10 @@ def test_grid_skips_a_cell_whose_prompt_a_slave_cannot_hold(tiny, tmp_path):
     hay = tmp_path / "hay.txt"
     hay.write_text(HAY)
 
-    class ShortSlave:
-        def generate(self, prompt: str, max_new_tokens: int) -> str:
+    class ShortSlave:  # like FusedModel.generate: a string, or a batch (list) of them
+        def generate(self, prompt, max_new_tokens: int):
+            if isinstance(prompt, list):
+                return [self.generate(p, max_new_tokens) for p in prompt]
             n = niah.n_tokens(m.tokenizer, prompt)
             if n > 500:
                 raise ContextTooLong(f"prompt is {n} tokens for slave s, beyond its max positions 500.")
@@ -164,7 +166,7 @@ def test_grid_skips_a_cell_whose_prompt_a_slave_cannot_hold(tiny, tmp_path):
     assert built == [] and again.attrs["skipped"] == skipped  # skipped cells are cached: no rebuild, same reasons
 
     class Broken(ShortSlave):
-        def generate(self, prompt: str, max_new_tokens: int) -> str:
+        def generate(self, prompt, max_new_tokens: int):
             raise FusionLabError("something else is wrong")
 
     with pytest.raises(FusionLabError, match="something else"):

@@ -1,0 +1,86 @@
+"""Notebook 07's pieces: corpora splits, held-out NLL through the tested training path, paired gains, and the claim
+rules on hand-made frames (each verdict branch)."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import fusionlab as fl
+from fusionlab.engine.fuser import FuserConfig, LearnedFuser
+from fusionlab.engine.train import TrainChunk
+from fusionlab.experiments import corpora, fuser_claims as fc, fusers
+
+TEXTS = ["The quick brown fox jumps over the lazy dog near the river bank.",
+         "def add(a, b):\n    return a + b  # a small function",
+         "A library keeps old maps of the valley and the harbour, and lends them out."]
+
+
+def test_corpora_never_mix_splits_and_skip_the_evaluation_essays():
+    docs = corpora.chinese_docs() + corpora.code_docs()
+    assert {d.split for d in docs} <= {"train", "heldout"}
+    assert any(d.name == "haystack/zh.txt" and d.split == "heldout" for d in docs)  # evaluated on, never trained
+    m = corpora.manifest(docs)
+    train = {n for n, _ in m["code"]["train"]}
+    assert train and train.isdisjoint({n for n, _ in m["code"]["heldout"]})
+    assert corpora._split("abc.py") == corpora._split("abc.py")
+
+
+def test_windows_and_interleaved_chunks(tiny):
+    tok = tiny("tiny-qwen2").tokenizer
+    docs = [corpora.Doc(d, f"{d}.txt", (t + " ") * 30, "train") for d, t in zip(corpora.DOMAINS, TEXTS)]
+    ch = corpora.chunks(tok, docs, "train", tokens=64, per_domain=3)
+    assert [corpora.domain_of(c, docs) for c in ch[:3]] == list(corpora.DOMAINS)
+    assert all(len(tok(c.text, add_special_tokens=False)["input_ids"]) in (63, 64, 65) for c in ch)
+    off = corpora.chunks(tok, docs, "train", tokens=64, task="offload")
+    assert all(c.context and c.context != c.text for c in off)
+
+
+def test_heldout_nll_of_master_lstsq_and_fuser(tiny):
+    m, s = tiny("tiny-qwen2"), tiny("tiny-llama")
+    proj = fl.fit_lstsq(m, s, texts=TEXTS, holdout_every=0)
+    fresh = LearnedFuser(proj, FuserConfig(width=4))
+    chunks = {"en": [TrainChunk(t) for t in TEXTS]}
+    ev = [fusers.Evaluated("master alone", None, role="master"),
+          fusers.Evaluated("fuser at start", fresh, s),
+          fusers.Evaluated("+lstsq concat", proj, s, mode="concat", role="lstsq"),
+          fusers.Evaluated("fuser, other text", fresh, s, reads="shuffled")]
+    nll = fusers.nll_table(m, ev, chunks, "same")
+    wide = nll.pivot_table(index="chunk", columns="setting", values="nll")
+    assert np.allclose(wide["fuser at start"], wide["master alone"], atol=1e-5)  # a fresh fuser is the master
+    assert np.allclose(wide["fuser, other text"], wide["master alone"], atol=1e-5)
+    assert not np.allclose(wide["+lstsq concat"], wide["master alone"], atol=1e-3)
+    gain = fusers.paired_gain(nll, "master alone")
+    assert set(gain["domain"]) == {"en", "all"} and (gain["n"] == 3).all()
+
+
+def table(deltas: dict[str, tuple[float, float, float]], n: int = 30, slave: str = "s") -> pd.DataFrame:
+    return pd.DataFrame([{"slave": slave, "fuser": "f", "against": k, "n": n, "delta_nll": d, "lo": lo, "hi": hi,
+                          "beats": hi < 0} for k, (d, lo, hi) in deltas.items()])
+
+
+def test_information_claim_branches():
+    win = {"master alone": (-0.2, -0.3, -0.1), "shuffled": (-0.1, -0.2, -0.05), "noise": (-0.15, -0.2, -0.1),
+           "constant": (-0.05, -0.1, -0.01)}
+    assert fc.information_claim(table(win)).verdict == "supported"
+    adapter = win | {"shuffled": (0.0, -0.05, 0.05)}  # better than the master, but so is another text: an adapter
+    assert fc.information_claim(table(adapter)).verdict == "inconclusive"
+    closed = {k: (0.0, -0.01, 0.01) for k in win}
+    assert fc.information_claim(table(closed)).verdict == "not supported"
+    assert fc.information_claim(table(win, n=5)).verdict == "inconclusive"
+
+
+def test_never_worse_target():
+    t = table({"master alone": (0.01, -0.02, 0.04)})
+    pairs = pd.DataFrame({"setting": ["+s (fuser)"], "p_value": [0.5], "only_baseline": [3], "only_setting": [2]})
+    out = fc.never_worse(t, pairs)
+    assert out["nll_ok"].item() and out["humaneval_ok"].item()
+    worse = table({"master alone": (0.2, 0.1, 0.3)})
+    assert not fc.never_worse(worse)["nll_ok"].item()
+
+
+def test_control_table_pools_domains():
+    gains = pd.DataFrame([{"setting": "f", "vs": v, "domain": "all", "n": 24, "delta": -0.1, "lo": -0.2, "hi": -0.05}
+                          for v in ("master", "c1")])
+    t = fc.control_table(gains, {"s": "f"}, {"s": {"shuffled": "c1"}}, "master")
+    assert t["against"].tolist() == ["master alone", "shuffled"] and t["beats"].all()
