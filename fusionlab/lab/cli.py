@@ -78,6 +78,32 @@ def cmd_ledger(_: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_figures(args: argparse.Namespace) -> int:
+    from . import figures
+
+    if args.rasterize:
+        for p in figures.upgrade_low_dpi():
+            print(f"re-rendered {p} at {figures.MIN_DPI} dpi from its PDF")
+    print(figures.table().to_string(index=False))
+    return 0
+
+
+def cmd_open(args: argparse.Namespace) -> int:
+    """Open the lab in JupyterLab on the notebooks (the FusionLab kernel is this venv)."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    from ..paths import notebooks_dir
+
+    jupyter = shutil.which("jupyter", path=str(Path(sys.executable).parent)) or shutil.which("jupyter")
+    if jupyter is None:
+        raise FusionLabError("JupyterLab is not installed here: run the README's set-up (python3 "
+                             "fusionlab/bootstrap.py test), or pip install 'fusionlab[notebooks]'.")
+    os.execv(jupyter, [jupyter, "lab", str(notebooks_dir()), *args.jupyter_args])
+    return 0
+
+
 def cmd_preflight(args: argparse.Namespace) -> int:
     from ..engine.preflight import check_alignment
     from ..models.zoo import load
@@ -135,6 +161,12 @@ def main(argv: list[str] | None = None) -> int:
     lab.add_argument("--full", action="store_true", help="full grids (hours on CPU)")
     lab.set_defaults(fn=cmd_lab)
     sub.add_parser("ledger", help="regenerate the README claims table from saved results").set_defaults(fn=cmd_ledger)
+    fg = sub.add_parser("figures", help="list exported figures: manifest, run size, PNG dpi, PDF fonts embedded")
+    fg.add_argument("--rasterize", action="store_true", help="re-render PNGs below 300 dpi from their PDF")
+    fg.set_defaults(fn=cmd_figures)
+    op = sub.add_parser("open", help="open the notebooks in JupyterLab (extra arguments go to jupyter lab)")
+    op.add_argument("jupyter_args", nargs=argparse.REMAINDER)
+    op.set_defaults(fn=cmd_open)
     a = sub.add_parser("preflight", aliases=["align"],
                        help="alignment preflight: can SLAVE be fused into MASTER, and with which adapters")
     a.add_argument("master")

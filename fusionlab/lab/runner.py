@@ -4,7 +4,9 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
+from ..errors import FusionLabError
 from ..paths import notebooks_dir, repo_root
 
 
@@ -12,9 +14,24 @@ def notebook_paths(folder: Path | None = None) -> list[Path]:
     return sorted(p for p in Path(folder or notebooks_dir()).glob("[0-9][0-9]_*.ipynb"))
 
 
+def kernel_of(nb: Any) -> str:
+    """The kernel a notebook names (the bootstrap registers 'fusionlab': this venv); a clear error if it is missing."""
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    name = nb.metadata.get("kernelspec", {}).get("name", "python3")
+    try:
+        KernelSpecManager().get_kernel_spec(name)
+    except NoSuchKernel:
+        raise FusionLabError(f"the notebook asks for kernel {name!r}, which is not registered: run the README's set-up "
+                             f"(python3 fusionlab/bootstrap.py test), or python -m ipykernel install --sys-prefix "
+                             f"--name {name}.") from None
+    return name
+
+
 def execute(path: Path, out_dir: Path | None = None, timeout: int | None = 3600,
-            env: dict[str, str] | None = None) -> Path:
-    """Run one notebook top to bottom in its own folder; raise with the failing cell's error."""
+            env: dict[str, str] | None = None, html: bool = True) -> Path:
+    """Run one notebook top to bottom in its own folder (raise with the failing cell's error); the executed copy keeps
+    its widget state, and an HTML export with the figures inline is written beside it."""
     import nbformat
     from nbclient import NotebookClient
 
@@ -22,7 +39,7 @@ def execute(path: Path, out_dir: Path | None = None, timeout: int | None = 3600,
     os.environ.update(env or {})
     try:
         nb = nbformat.read(path, as_version=4)
-        NotebookClient(nb, timeout=timeout, kernel_name="python3",
+        NotebookClient(nb, timeout=timeout, kernel_name=kernel_of(nb), store_widget_state=True,
                        resources={"metadata": {"path": str(path.parent)}}).execute()
     finally:
         os.environ.clear()
@@ -31,6 +48,11 @@ def execute(path: Path, out_dir: Path | None = None, timeout: int | None = 3600,
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / path.name
     nbformat.write(nb, out)
+    if html:
+        from nbconvert import HTMLExporter
+
+        body, _ = HTMLExporter(embed_images=True).from_notebook_node(nb)
+        out.with_suffix(".html").write_text(body, encoding="utf-8")
     return out
 
 

@@ -29,3 +29,41 @@ def test_quick_figures_go_to_the_ignored_folder(monkeypatch, tmp_path):
     out = viz.save_figure(fig, "q")
     assert out["png"].parent == tmp_path / "quick" and paths.figures_dir().name == "figures"
     plt.close(fig)
+
+
+def test_a_smaller_run_never_replaces_a_larger_runs_figure(monkeypatch, tmp_path):
+    monkeypatch.setattr(viz, "figures_dir", lambda: tmp_path)
+    monkeypatch.setenv("FUSIONLAB_QUICK", "0")
+    monkeypatch.setenv("FUSIONLAB_FULL", "1")
+    viz.save_figure(plt.figure(), "f")
+    assert json.loads((tmp_path / "f.json").read_text())["run_size"] == "full"
+    monkeypatch.setenv("FUSIONLAB_FULL", "0")
+    out = viz.save_figure(plt.figure(), "f")  # a default run: beside, not over, the full run's figure
+    assert out["png"].parent == tmp_path / "default"
+    assert json.loads((tmp_path / "f.json").read_text())["run_size"] == "full"
+    plt.close("all")
+
+
+def test_every_committed_figure_is_fit_for_a_paper():
+    """Each exported figure: PDF + SVG + PNG + manifest; fonts embedded as TrueType (no Type 3); PNG >= 300 dpi."""
+    from fusionlab.lab import figures
+
+    t = figures.table()
+    assert len(t) >= 13
+    assert t["files"].all(), t[~t["files"]]["figure"].tolist()
+    assert t["pdf_fonts_embedded"].all(), t[~t["pdf_fonts_embedded"]]["figure"].tolist()
+    assert (t["png_dpi"] >= figures.MIN_DPI - 0.5).all(), t[t["png_dpi"] < 299.5][["figure", "png_dpi"]]
+
+
+def test_the_font_check_can_fail(tmp_path):
+    from fusionlab.lab import figures
+
+    bad = tmp_path / "t3.pdf"
+    bad.write_bytes(b"%PDF-1.4 /Font << /Subtype /Type3 >>")
+    assert not figures.pdf_fonts_embedded(bad)
+    plt.rcParams["pdf.fonttype"] = 42
+    fig = plt.figure()
+    fig.text(0.5, 0.5, "text")
+    fig.savefig(tmp_path / "ok.pdf")
+    assert figures.pdf_fonts_embedded(tmp_path / "ok.pdf")
+    plt.close(fig)
