@@ -120,7 +120,13 @@ def _rows(queries: Any) -> Any:
         return lambda q_pos: None
     if queries == "last":
         return lambda q_pos: torch.tensor([q_pos.numel() - 1], device=q_pos.device)
-    wanted = torch.tensor(sorted(set(int(q) for q in queries)))
+    if isinstance(queries, (str, bytes)) or not hasattr(queries, "__iter__"):
+        raise FusionLabError(f"queries must be None (every query), 'last', or a list of query positions; got "
+                             f"{queries!r}.")
+    qs = list(queries)
+    if not qs or any(isinstance(q, bool) or not isinstance(q, int) or q < 0 for q in qs):
+        raise FusionLabError(f"queries must be non-negative int positions; got {qs[:8]!r}.")
+    wanted = torch.tensor(sorted(set(qs)))
 
     def pick(q_pos: torch.Tensor) -> torch.Tensor:
         return torch.isin(q_pos, wanted.to(q_pos.device)).nonzero().flatten()
@@ -147,6 +153,12 @@ def capture_attention(target: LM | FusedModel, layers: Sequence[int] | None = No
     try:
         layers = list(range(spec.layers)) if layers is None else list(layers)
         heads = list(range(spec.heads)) if heads is None else list(heads)
+        if any(isinstance(x, bool) or not isinstance(x, int) for x in layers + heads):
+            raise FusionLabError(f"layers and heads must be lists of ints; got layers={layers!r} heads={heads!r}.")
+        if not layers or not heads:
+            raise FusionLabError("capture_attention needs at least one layer and one head (None: all of them).")
+        if isinstance(max_full_bytes, bool) or not isinstance(max_full_bytes, int) or max_full_bytes < 1:
+            raise FusionLabError(f"max_full_bytes must be a positive int, got {max_full_bytes!r}.")
         bad_l = [i for i in layers if not 0 <= i < spec.layers]
         bad_h = [h for h in heads if not 0 <= h < spec.heads]
         if bad_l or bad_h:

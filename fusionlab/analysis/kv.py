@@ -114,6 +114,9 @@ def _state_elements(cfg: dict[str, Any], kind: str) -> int:
 
 def budget(model: Any, seq_len: int, batch: int = 1, dtype: str = "bfloat16", kv_dtype: str | None = None) -> Budget:
     """Cache bytes of `model` holding `seq_len` tokens for `batch` sequences, per layer."""
+    for name, v in (("seq_len", seq_len), ("batch", batch)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise FusionLabError(f"{name} must be an int (tokens / sequences), got {type(v).__name__} {v!r}.")
     if seq_len <= 0 or batch <= 0:
         raise FusionLabError(f"seq_len and batch must be positive, got seq_len={seq_len}, batch={batch}.")
     cfg = _cfg(model)

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ..errors import ContextTooLong, FusionLabError
+from . import checks
 from .context import layout
 from .placement import Row
 
@@ -43,6 +44,9 @@ def rows_of(fused: Any, prompt: Any, chat: bool = False, context: Any = None, pr
             attention_mask: Any = None) -> tuple[list[Row], bool]:
     """(rows, batched). A batch is a list of strings, or ids with more than one row (or with a mask)."""
     master = fused.master
+    if isinstance(prompt, (list, tuple)) and prompt and not isinstance(prompt[0], str) and \
+            all(isinstance(x, int) and not isinstance(x, bool) for x in prompt):
+        prompt = torch.tensor([prompt])  # a plain list of token ids
     if isinstance(prompt, (list, tuple)):
         if not prompt:
             raise FusionLabError("the batch is empty: pass at least one prompt.")
@@ -56,6 +60,8 @@ def rows_of(fused: Any, prompt: Any, chat: bool = False, context: Any = None, pr
         texts = [master.chat_prompt(p) if chat else p for p in prompt]
         raw: list[tuple[torch.Tensor | None, str | None]] = [(None, t) for t in texts]
         batched = True
+    elif prompt is None:
+        raise FusionLabError("prompt is None: pass a string, a list of strings, or token ids.")
     elif isinstance(prompt, str):
         if not prompt:
             raise FusionLabError("the prompt is empty; pass some text.")
@@ -66,6 +72,8 @@ def rows_of(fused: Any, prompt: Any, chat: bool = False, context: Any = None, pr
             raise FusionLabError("the prompt is empty (0 tokens).")
         batched = attention_mask is not None or (ids.dim() == 2 and ids.shape[0] > 1)
         raw = [(r, None) for r in _ids_rows(ids, attention_mask)]
+        for r, _ in raw:
+            checks.token_ids("input_ids", r, master.spec.vocab_size)
     n = len(raw)
     if batched and context is not None and not isinstance(context, str):
         if not isinstance(context, (list, tuple)) or len(context) != n:

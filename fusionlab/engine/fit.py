@@ -59,6 +59,20 @@ def fit_lstsq(master: LM, slave: LM, layer_map: LayerMap | str | None = None, te
     """Closed-form ridge fit per mapped layer; every `holdout_every`-th paragraph is held out for R².
     `threads`: the fixed thread count that makes the fit bit-reproducible (None: the caller's setting, faster on many
     cores but reproducible only at that same count)."""
+    from . import checks
+    from .token_align import STRATEGIES
+
+    for role, x in (("master", master), ("slave", slave)):
+        if not isinstance(x, LM):
+            raise FusionLabError(f"fit_lstsq needs two fl.LM (from fl.load); the {role} is a {type(x).__name__}.")
+    checks.number("ridge", ridge, 0.0)
+    checks.integer("holdout_every", holdout_every, 0)
+    checks.choice("align", align, STRATEGIES)
+    if texts is not None:
+        if isinstance(texts, str) or not isinstance(texts, (list, tuple)) or not texts:
+            raise FusionLabError("texts must be a non-empty list of strings (calibration paragraphs).")
+        for i, t in enumerate(texts):
+            checks.text(f"texts[{i}]", t)
     with fixed_threads(threads):
         proj = _fit(master, slave, layer_map, texts, align, ridge, holdout_every)
     proj.meta["threads"] = threads

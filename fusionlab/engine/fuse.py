@@ -14,6 +14,7 @@ import torch
 
 from ..errors import FusionLabError
 from . import attention as att
+from . import checks
 from . import registry
 from .arch import attn_module
 from .lm import LM
@@ -39,6 +40,11 @@ class FusedModel:
             raise FusionLabError(f"fuse() expects an fl.LM as master, got {type(master).__name__}.")
         if timing not in TIMINGS:
             raise FusionLabError(f"unknown timing {timing!r}; use one of {TIMINGS}.")
+        if not isinstance(slaves, (list, tuple)) or not all(isinstance(x, Slave) for x in slaves):
+            bad = next((type(x).__name__ for x in (slaves if isinstance(slaves, (list, tuple)) else [slaves])
+                        if not isinstance(x, Slave)), type(slaves).__name__)
+            raise FusionLabError(f"fuse(master, slaves) takes a list of fl.Slave(...); got a {bad}.")
+        checks.flag("strict", strict)
         self.master, self.timing = master, timing
         self.slaves: list[ResolvedSlave] = [s.resolve(master) for s in slaves]
         if strict:
@@ -123,6 +129,10 @@ class FusedModel:
                attention_mask: Any) -> tuple[list[Row], bool, SequenceState, torch.Tensor]:
         """Rows, whether it is a batch, the placed slots, and the left-padded ids (B, W)."""
         self._check_open()
+        checks.integer("max_new_tokens", new_tokens, 0)
+        checks.flag("chat", chat)
+        if prompt_len is not None:
+            checks.integer("prompt_len", prompt_len, 1)
         rows, batched = rows_of(self, prompt, chat, context, prompt_len, attention_mask)
         check_lengths(self, rows, new_tokens)
         width = max(r.ids.shape[1] for r in rows)
@@ -173,6 +183,14 @@ class FusedModel:
     @torch.inference_mode()
     def decode_one_token(self, seq: SequenceState, token: torch.Tensor) -> torch.Tensor:
         """Feed one token per row (B, 1) at each row's next position; returns the next logits (B, V)."""
+        self._check_open()
+        if not isinstance(seq, SequenceState) or seq.runtimes is not self._runtimes:
+            raise FusionLabError("decode_one_token needs the SequenceState that this FusedModel's prefill() returned.")
+        token = torch.as_tensor(token, device=self.master.device)
+        token = token.view(1, 1) if token.dim() == 0 else token
+        if token.dim() != 2 or token.shape != (seq.batch, 1):
+            raise FusionLabError(f"token must be (batch, 1) = ({seq.batch}, 1) ids, got shape {tuple(token.shape)}.")
+        checks.token_ids("token", token, self.master.spec.vocab_size)
         if self.timing == "live":
             live_step(self._runtimes, self.master, self.slaves, seq, token, seq.next_pos)
         return self._forward(seq, token, logits_to_keep=1)[:, -1]
@@ -189,6 +207,9 @@ class FusedModel:
         own (EOS, stop string, max_new_tokens) and leaves the batch, so finished rows cost nothing more.
         `seed`: an int seeds row i with seed + i; a list gives each row its own seed (then a prompt's samples do not
         depend on what else is in the batch). `context`: a text only the slaves read (context offload)."""
+        checks.flag("do_sample", do_sample)
+        if stop is not None:
+            stop = checks.strings("stop", stop)
         rows, batched, seq, ids = self._start(prompt, max_new_tokens, chat, context, None, attention_mask)
         cfgs = sampling_configs(len(rows), do_sample, temperature, top_p, seed)
         eos = eos_ids(self.master, eos_token_id)
@@ -271,4 +292,4 @@ class FusedModel:
 
 def fuse(master: LM, slaves: list[Slave] | None = None, timing: str = "prefix", strict: bool = False) -> FusedModel:
     """Install the slaves' injection into the master; returns a FusedModel (use as a context manager)."""
-    return FusedModel(master, list(slaves or []), timing=timing, strict=strict)
+    return FusedModel(master, [] if slaves is None else slaves, timing=timing, strict=strict)

@@ -14,11 +14,16 @@ from ..errors import FusionLabError
 
 
 def _layers(x: Any) -> int:
-    """Layer count of an LM, a ModelSpec, or an int."""
-    if isinstance(x, int):
-        return x
-    spec = getattr(x, "spec", x)
-    return int(spec.layers)
+    """Layer count of an LM, a ModelSpec, or an int (>= 1)."""
+    if isinstance(x, int) and not isinstance(x, bool):
+        n = x
+    elif hasattr(getattr(x, "spec", x), "layers"):
+        n = int(getattr(x, "spec", x).layers)
+    else:
+        raise FusionLabError(f"a layer count must be an fl.LM, a ModelSpec or an int, got {type(x).__name__} {x!r}.")
+    if n < 1:
+        raise FusionLabError(f"a model has at least one layer; got a layer count of {n}.")
+    return n
 
 
 @dataclass
@@ -31,7 +36,18 @@ class LayerMap:
     params: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.pairs = {int(i): int(j) for i, j in sorted(self.pairs.items())}
+        if not isinstance(self.pairs, dict):
+            raise FusionLabError(f"LayerMap(pairs) needs a dict {{master_layer: slave_layer}}, got "
+                                 f"{type(self.pairs).__name__}.")
+        for i, j in self.pairs.items():
+            for what, x in (("master", i), ("slave", j)):
+                if isinstance(x, bool) or not isinstance(x, int) and not (isinstance(x, str) and x.isdigit()):
+                    raise FusionLabError(f"layer map entry {i!r}->{j!r}: the {what} layer must be an int, got {x!r}.")
+        for name in ("master_layers", "slave_layers"):
+            n = getattr(self, name)
+            if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+                raise FusionLabError(f"LayerMap {name} must be a positive int (or None), got {n!r}.")
+        self.pairs = {int(i): int(j) for i, j in sorted(self.pairs.items(), key=lambda kv: int(kv[0]))}
         for i, j in self.pairs.items():
             if i < 0 or j < 0:
                 raise FusionLabError(f"layer map entry {i}->{j}: layer indices must be >= 0.")
@@ -52,8 +68,8 @@ class LayerMap:
     @classmethod
     def stride(cls, master: Any, slave: Any, step: int = 2) -> "LayerMap":
         """The blog's mapping: slave layer j -> master layer step*j (while it exists)."""
-        if step < 1:
-            raise FusionLabError(f"stride step must be >= 1, got {step}.")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+            raise FusionLabError(f"stride step must be >= 1 (an int), got {step!r}.")
         lm, ls = _layers(master), _layers(slave)
         return cls({step * j: j for j in range(ls) if step * j < lm}, "stride", lm, ls, {"step": step})
 
@@ -87,6 +103,9 @@ class LayerMap:
     def build(cls, strategy: str, master: Any, slave: Any, **kw: Any) -> "LayerMap":
         if strategy not in cls.STRATEGIES:
             raise FusionLabError(f"unknown layer-map strategy {strategy!r}; use one of {cls.STRATEGIES}.")
+        extra = set(kw) - ({"step"} if strategy == "stride" else set())
+        if extra:
+            raise FusionLabError(f"layer-map strategy {strategy!r} takes no {sorted(extra)} (only 'stride' takes step).")
         return getattr(cls, strategy)(master, slave, **kw)
 
     # --- use ----------------------------------------------------------------------------------------
@@ -110,8 +129,13 @@ class LayerMap:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "LayerMap":
-        return cls({int(i): int(j) for i, j in d["pairs"].items()}, d.get("strategy", "explicit"),
-                   d.get("master_layers"), d.get("slave_layers"), d.get("params", {}))
+        """The inverse of to_dict(); a dict without 'pairs' ({master: slave}) is refused, naming what it has."""
+        if not isinstance(d, dict) or not isinstance(d.get("pairs"), dict):
+            keys = sorted(d) if isinstance(d, dict) else type(d).__name__
+            raise FusionLabError(f"LayerMap.from_dict needs {{'pairs': {{master: slave}}, ...}} (as to_dict() writes); "
+                                 f"got {keys}.")
+        return cls(dict(d["pairs"]), d.get("strategy", "explicit"), d.get("master_layers"), d.get("slave_layers"),
+                   d.get("params", {}))
 
     def to_frame(self) -> pd.DataFrame:
         return pd.DataFrame({"master_layer": list(self.pairs), "slave_layer": list(self.pairs.values())})

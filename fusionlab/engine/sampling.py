@@ -18,10 +18,15 @@ class SamplingConfig:
     generator: torch.Generator | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        if self.temperature <= 0:
-            raise FusionLabError(f"temperature must be > 0, got {self.temperature} (use do_sample=False for greedy).")
-        if not 0 < self.top_p <= 1:
-            raise FusionLabError(f"top_p must be in (0, 1], got {self.top_p}.")
+        from . import checks
+
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) or \
+                not self.temperature > 0 or self.temperature != self.temperature or self.temperature == float("inf"):
+            raise FusionLabError(f"temperature must be a finite number > 0, got {self.temperature!r} (use "
+                                 "do_sample=False for greedy).")
+        checks.number("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        if self.seed is not None:
+            checks.integer("seed", self.seed)
         if self.do_sample:
             self.generator = torch.Generator()
             self.generator.manual_seed(self.seed if self.seed is not None else torch.seed())
@@ -32,6 +37,10 @@ def next_token(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     if not cfg.do_sample:
         return logits.argmax(dim=-1, keepdim=True)
     probs = torch.softmax(logits.float().cpu() / cfg.temperature, dim=-1)  # (1, V)
+    if not bool(torch.isfinite(probs).all()):
+        raise FusionLabError(f"sampling got non-finite probabilities (temperature {cfg.temperature:g}; the logits hold "
+                             f"{int((~torch.isfinite(logits)).sum())} non-finite values): raise the temperature, or check "
+                             "the fusion's gates and projector.")
     if cfg.top_p < 1.0:
         sorted_p, order = probs.sort(dim=-1, descending=True)
         keep = sorted_p.cumsum(-1) - sorted_p < cfg.top_p  # always keeps the top token
@@ -64,7 +73,10 @@ def eos_ids(master: Any, eos: int | list[int] | None) -> set[int]:
             eos = master.tokenizer.eos_token_id
     if eos is None:
         return set()
-    return {eos} if isinstance(eos, int) else set(eos)
+    ids = [eos] if isinstance(eos, int) else list(eos) if isinstance(eos, (list, tuple, set)) else None
+    if ids is None or any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
+        raise FusionLabError(f"eos_token_id must be an int or a list of ints, got {eos!r}.")
+    return set(ids)
 
 
 def sampling_configs(n: int, do_sample: bool, temperature: float, top_p: float,

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from . import checks
+from .token_align import STRATEGIES as ALIGN_STRATEGIES
 from .token_align import TokenAlignment, align_tokens, identity_alignment
 from .arch import rope_cos_sin
 from .kv_capture import CapturedKV, capture_kv, post_rope_keys
@@ -55,16 +57,36 @@ class Slave:
         if not same_tok and self.align is None:
             raise FusionLabError(f"{master.name} and {self.lm.name} have different tokenizers; pass "
                                  "Slave(..., align='mean') (or 'first' / 'last') to align tokens by characters.")
+        if self.align is not None and self.align not in ALIGN_STRATEGIES:
+            raise FusionLabError(f"unknown align {self.align!r}; use one of {ALIGN_STRATEGIES} (or None for a slave "
+                                 "with the master's tokenizer).")
+        checks.flag("window_slots", self.window_slots)
         proj = make_projector(self.projector)
         proj.prepare(master, self.lm, lmap)
-        gates = {i: float(self.gate.get(i, 0.0)) if isinstance(self.gate, dict) else float(self.gate)
-                 for i in lmap.pairs}
-        if any(g < 0 for g in gates.values()):
-            raise FusionLabError(f"gates must be >= 0, got {gates}.")
+        gates = _gates(self.gate, lmap)
         learned = getattr(proj, "learned_gates", None)  # a trained fuser carries its own gates: they multiply
         if learned is not None:
             gates = {i: g * learned().get(i, 0.0) for i, g in gates.items()}
         return ResolvedSlave(self, lmap, proj, gates, same_tok)
+
+
+def _gates(gate: Any, lmap: LayerMap) -> dict[int, float]:
+    """One gate for every mapped layer, or {master_layer: gate} (unlisted mapped layers: 0); finite and >= 0."""
+    def one(where: str, g: Any) -> float:
+        if isinstance(g, bool) or not isinstance(g, (int, float)) or g != g or g in (float("inf"), float("-inf")):
+            raise FusionLabError(f"gates must be finite numbers >= 0; {where} is {g!r}.")
+        if g < 0:
+            raise FusionLabError(f"gates must be >= 0; {where} is {g}.")
+        return float(g)
+
+    if isinstance(gate, dict):
+        extra = sorted(set(gate) - set(lmap.pairs), key=str)
+        if extra:
+            raise FusionLabError(f"gates given for layers {extra} that the layer map does not map "
+                                 f"(mapped: {sorted(lmap.pairs)}); gate only mapped master layers.")
+        return {i: one(f"gate[{i}]", gate.get(i, 0.0)) for i in lmap.pairs}
+    g = one("gate", gate)
+    return {i: g for i in lmap.pairs}
 
 
 def _layer_map(spec: Any, master: LM, slave: LM) -> LayerMap:

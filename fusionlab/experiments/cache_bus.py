@@ -68,7 +68,9 @@ def diagram(master: LM, parts: dict[str, tuple[LM, LstsqProjector]]) -> Any:
 
 
 # --- claims -------------------------------------------------------------------------------------------------
-def humaneval_claim(table: pd.DataFrame, pairs: pd.DataFrame, kinds: pd.DataFrame, n_tasks: int) -> Claim:
+def humaneval_claim(table: pd.DataFrame, pairs: pd.DataFrame, kinds: pd.DataFrame, n_tasks: int, label: str = "",
+                    setup: str = "Qwen 0.5B master, SmolLM2 + Gemma 270M slaves, lstsq, concat, greedy",
+                    notebook: str = NB) -> Claim:
     """`humaneval.pass_at_1` / `paired` / `failure_kinds` tables; the bus is the last setting. Supported iff the bus
     beats the master with McNemar p < 0.05; not supported iff it is significantly worse, or no better on >= 100
     problems; inconclusive otherwise."""
@@ -78,16 +80,15 @@ def humaneval_claim(table: pd.DataFrame, pairs: pd.DataFrame, kinds: pd.DataFram
     p = pairs.set_index("setting").loc[bus, "p_value"]
     diff = t.loc[bus, "pass@1"] - t.loc["master alone", "pass@1"]
     better, worse = diff > 0 and p < 0.05, diff < 0 and p < 0.05
-    return Claim(claim="three-model cache bus raises HumanEval pass@1", seed_section="last section",
+    return Claim(claim="three-model cache bus raises HumanEval pass@1" + label, seed_section="last section",
                  seed_value="42% -> 58%",
                  measured=f"master {fmt('master alone')}; {bus} {fmt(bus)}; McNemar p={p:.2g}; "
                           + ", ".join(f"{s} {fmt(s)}" for s in t.index if s not in ("master alone", bus))
                           + f"; syntax errors: master {kinds.loc['master alone', 'syntax error']}, "
                             f"{bus} {kinds.loc[bus, 'syntax error']} of {n_tasks}",
-                 n=f"n={int(t.loc['master alone', 'n'])} problems",
-                 setup="Qwen 0.5B master, SmolLM2 + Gemma 270M slaves, lstsq, concat, greedy",
+                 n=f"n={int(t.loc['master alone', 'n'])} problems", setup=setup,
                  verdict="supported" if better else ("not supported" if worse or n_tasks >= 100 else "inconclusive"),
-                 notebook=NB)
+                 notebook=notebook)
 
 
 def memory_claim(peak_gb: float, slot_bytes: int) -> Claim:

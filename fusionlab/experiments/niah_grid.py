@@ -56,6 +56,19 @@ def run_grid(master: LM, settings: list[Setting], needles: list[Needle], lengths
              batch_size: int = 4) -> pd.DataFrame:
     """Run every missing cell (tqdm shows progress; cells of one length batched) and return all requested cells.
     `seconds` is a batch's wall time shared among its cells."""
+    from ..engine import checks
+
+    if not settings or not needles or not lengths or not depths:
+        raise FusionLabError("run_grid needs at least one setting, needle, length and depth.")
+    for n in lengths:
+        checks.integer("lengths[]", n, 1, master.spec.max_positions)
+    for d in depths:
+        checks.number("depths[]", d, 0.0, 100.0)
+    checks.integer("max_new_tokens", max_new_tokens, 1)
+    checks.integer("batch_size", batch_size, 1)
+    missing = sorted({nd.lang for nd in needles} - set(haystacks))
+    if missing:
+        raise FusionLabError(f"no haystack for needle language(s) {missing}; pass haystacks={{lang: name}} for them.")
     store = CellCache(cache or default_cache())
     texts = {lang: load_haystack(name) for lang, name in haystacks.items()}
 

@@ -101,7 +101,8 @@ def self_agreement(df: pd.DataFrame) -> tuple[int, int]:
 
 
 # --- claims ------------------------------------------------------------------------------------------------
-def memory_claim(acc: pd.DataFrame, tr: pd.DataFrame, ctrl: pd.DataFrame, agree: tuple[int, int]) -> Claim:
+def memory_claim(acc: pd.DataFrame, tr: pd.DataFrame, ctrl: pd.DataFrame, agree: tuple[int, int], label: str = "",
+                 notebook: str = NB) -> Claim:
     """Supported iff some real slave (or the bus) has a transfer-rate CI above 0 *and* beats its shuffled control
     (McNemar p < 0.05, more correct). Not supported iff every real slave's transfer CI lies below 0.25 (under a
     quarter of what the master gains by reading the document itself). Inconclusive otherwise: fewer than MIN_ITEMS
@@ -119,13 +120,13 @@ def memory_claim(acc: pd.DataFrame, tr: pd.DataFrame, ctrl: pd.DataFrame, agree:
     per = "; ".join(f"{s} {fmt(s)}, transfer {real.loc[s, 'transfer']:+.2f} [{real.loc[s, 'lo']:+.2f}, "
                     f"{real.loc[s, 'hi']:+.2f}]" + (f", vs shuffled p={c.loc[s, 'p_value']:.2g}" if s in c.index else "")
                     for s in real.index)
-    return Claim(claim="a slave's K/V carry what it read to the master (the master borrows its memory)",
+    return Claim(claim="a slave's K/V carry what it read to the master (the master borrows its memory)" + label,
                  seed_section="2.2", seed_value="the slave contributes memory / history anchors",
-                 measured=f"floor {fmt(floor.name)}, skyline {fmt(sky.name)}; self-offload = skyline on "
-                          f"{agree[0]}/{agree[1]} answers; {per}",
+                 measured=f"floor {fmt(floor.name)}, skyline {fmt(sky.name)}; "
+                          + (f"self-offload = skyline on {agree[0]}/{agree[1]} answers; " if agree[1] else "") + per,
                  n=f"n={int(floor['n'])} items (facts and fact pairs x lengths)",
-                 setup="Qwen 0.5B master reads only the question; slaves read the document (lstsq, concat, prefix)",
-                 verdict=verdict, notebook=NB)
+                 setup="Qwen 0.5B master reads only the question; slaves read the document (concat, prefix)",
+                 verdict=verdict, notebook=notebook)
 
 
 def effective_length(acc_by_length: pd.DataFrame, threshold: float = 0.5) -> pd.Series:

@@ -126,10 +126,30 @@ def humaneval_markdown(folder: Path | None = None) -> str:
                                "extra KV: the slots placed for a problem's prompt, mean over problems).")
 
 
+def reliability_markdown(folder: Path | None = None) -> str:
+    """Bad inputs tried / clear, kills injected / survived, reproducibility checks (benchmarks/reliability.py)."""
+    f = Path(folder or bench_results_dir()) / "reliability.json"
+    if not f.exists():
+        return "_Not measured yet: run `python benchmarks/reliability.py`._"
+    r = json.loads(f.read_text())
+    b = r["bad_inputs"]
+    lines = ["| check | measured |", "|---|---|",
+             f"| bad inputs at every public entry point (`tests/test_bad_inputs.py`) | {b['clear']} of {b['tried']} give "
+             "one FusionLabError naming the argument or file" + (f"; not clear: {', '.join(b['other'])}" if b["other"]
+                                                                 else "") + " |"]
+    for kind, k in r["kills"].items():
+        lines.append(f"| kill -9 at random points of a {kind} grid, then resume | {k['kills']} kills; {k['unique']} of "
+                     f"{k['cells']} cells, each exactly once; results "
+                     f"{'identical to' if k['identical_to_uninterrupted'] else 'DIFFERENT from'} an uninterrupted run |")
+    lines += [f"| reproducibility | {x} |" for x in r["reproducibility"]]
+    return "\n".join(lines) + "\n\nfrom `benchmarks/results/reliability.json` (`python benchmarks/reliability.py`)."
+
+
 def blocks() -> dict[str, str]:
     """Every generated README block, rendered from the saved results: name -> markdown."""
     return {"ledger": ledger_markdown(ledger()), "bench": bench_markdown(), "loadtimes": loadtimes_markdown(),
-            "projector": projector_markdown(), "humaneval": humaneval_markdown()}
+            "projector": projector_markdown(), "humaneval": humaneval_markdown(),
+            "reliability": reliability_markdown()}
 
 
 def write_ledger(readme: Path | None = None) -> str:

@@ -156,10 +156,14 @@ def convert(entry: EmbeddedModel) -> dict:
 
 
 def cached_manifest(name: str) -> dict | None:
+    """The converted copy's manifest if it is there, whole and of the pinned release (else None: convert again)."""
     f = converted_dir(name) / "fusionlab.json"
     if not f.exists():
         return None
-    manifest = json.loads(f.read_text())
+    try:
+        manifest = json.loads(f.read_text())
+    except ValueError:
+        return None  # a torn manifest: the copy is rebuilt by fetch
     return manifest if manifest.get("gguf_sha256") == EMBEDDED[name].sha256 else None
 
 
@@ -211,17 +215,31 @@ def check_attn(attn: str, device: str) -> None:
             raise FusionLabError("flash_attention_2 needs flash-attn: `pip install 'fusionlab[gpu]'`, or use 'sdpa'.")
 
 
-def _load_pretrained(path: str, dtype: torch.dtype, attn: str):
+def _load_pretrained(path: str, dtype: torch.dtype, attn: str, fix: str):
+    """A transformers model + tokenizer from a folder or hub id; a damaged file gets one FusionLabError naming the
+    folder and `fix` (the command that rebuilds it), never a deserializer's message alone."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn)
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn)
+    except (OSError, ValueError, RuntimeError, KeyError) as e:
+        first = str(e).splitlines()[0][:160] if str(e) else e.__class__.__name__
+        raise FusionLabError(f"could not load the model at {path} ({e.__class__.__name__}: {first}); {fix}") from e
+    except Exception as e:  # noqa: BLE001  (safetensors' SafetensorError and friends: still the file's fault)
+        if e.__class__.__module__.split(".")[0] not in ("safetensors", "json", "tokenizers"):
+            raise
+        raise FusionLabError(f"could not load the model at {path} ({e.__class__.__name__}); {fix}") from e
     return model.eval(), tok
 
 
 def load(name: str, dtype: str | torch.dtype | None = None, device: str = "cpu",
          attn_implementation: str = "sdpa") -> LM:
     """Load an embedded name, a tiny name, a local directory or a (locally cached) Hugging Face id."""
+    if not isinstance(name, (str, Path)) or not str(name):
+        raise FusionLabError(f"fl.load(name) needs a model name or path (a non-empty string), got {name!r}. "
+                             f"Embedded: {sorted(EMBEDDED)}; tiny: {sorted(TINY)}.")
+    name = str(name)
     check_device(device)
     check_attn(attn_implementation, device)
     dt = resolve_dtype(dtype, device)
@@ -231,20 +249,26 @@ def load(name: str, dtype: str | torch.dtype | None = None, device: str = "cpu",
     elif name in EMBEDDED:
         if cached_manifest(name) is None:
             fetch([name])
-        model, tok = _load_pretrained(str(converted_dir(name)), dt, attn_implementation)
+        model, tok = _load_pretrained(str(converted_dir(name)), dt, attn_implementation,
+                                      f"the converted copy is damaged: delete {converted_dir(name)} and run "
+                                      f"`fusionlab fetch {name}` to rebuild it.")
         lm = LM(model, tok, name, source="embedded", source_sha256=EMBEDDED[name].sha256)
     elif Path(name).exists():
         if not (Path(name) / "config.json").exists():
             raise FusionLabError(f"{name} is a path but has no config.json; point at a saved transformers "
                                  "model directory (save_pretrained output).")
-        model, tok = _load_pretrained(name, dt, attn_implementation)
+        try:
+            json.loads((Path(name) / "config.json").read_text())
+        except (ValueError, OSError) as e:
+            raise FusionLabError(f"{Path(name) / 'config.json'} is not valid JSON ({e.__class__.__name__}); save the "
+                                 "model again (model.save_pretrained) or restore the file.") from e
+        model, tok = _load_pretrained(name, dt, attn_implementation,
+                                      "save the model again with save_pretrained (config, weights and tokenizer).")
         lm = LM(model, tok, Path(name).name, source="hf")
     elif "/" in name:
-        try:
-            model, tok = _load_pretrained(name, dt, attn_implementation)
-        except OSError as e:
-            raise FusionLabError(f"could not load {name!r} from the local Hugging Face cache (no hub access "
-                                 f"here): download it on a connected machine first. ({e.__class__.__name__})") from e
+        model, tok = _load_pretrained(name, dt, attn_implementation,
+                                      "it must be in the local Hugging Face cache (no hub access here): download it "
+                                      "on a connected machine first.")
         lm = LM(model, tok, name, source="hf")
     else:
         raise FusionLabError(f"unknown model {name!r}. Embedded: {sorted(EMBEDDED)}; tiny: {sorted(TINY)}; "

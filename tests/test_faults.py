@@ -1,0 +1,81 @@
+"""kill -9 a grid process at random points, again and again: the resumed run ends with every cell exactly once and the
+same results as an uninterrupted run (NIAH and HumanEval grids, tiny models, each in its own process)."""
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+WORKER = r'''
+import sys, torch
+import fusionlab as fl
+from fusionlab.experiments import humaneval as he, niah, niah_grid as ng
+kind, cache, hay = sys.argv[1], sys.argv[2], sys.argv[3]
+torch.set_num_threads(1)
+m = fl.load("tiny-qwen2")
+if kind == "niah":
+    s = fl.load("tiny-qwen2")
+    settings = [ng.Setting("single", lambda: fl.fuse(m, []), "single"),
+                ng.Setting("self", lambda: fl.fuse(m, [fl.Slave(s)]), "self")]
+    needles = [n for n in niah.load_needles() if n.lang == "en"][:2]
+    ng.run_grid(m, settings, needles, [200, 230, 260], [20, 80], {"en": hay}, cache=cache, max_new_tokens=6,
+                batch_size=2)
+else:
+    tasks = [t for t in he.problems() if len(t["prompt"]) < 260][:8]
+    he.generate_all("s", "k", lambda: fl.fuse(m, []), tasks, max_new_tokens=10, cache=cache, batch_size=3)
+'''
+CELLS = {"niah": 24, "humaneval": 8}
+
+
+def run(kind: str, cache: Path, hay: Path, worker: Path, kill_after: float | None) -> tuple[int, float]:
+    t0 = time.perf_counter()
+    p = subprocess.Popen([sys.executable, str(worker), kind, str(cache), str(hay)], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE)
+    if kill_after is not None:
+        try:
+            p.wait(timeout=kill_after)
+        except subprocess.TimeoutExpired:
+            p.send_signal(signal.SIGKILL)
+    p.wait()
+    if p.returncode not in (0, -signal.SIGKILL):
+        raise AssertionError(p.stderr.read().decode()[-2000:])
+    return p.returncode, time.perf_counter() - t0
+
+
+def records(cache: Path) -> list[dict]:
+    out = []
+    for raw in cache.read_bytes().splitlines(keepends=True):
+        try:
+            if raw.endswith(b"\n"):
+                out.append(json.loads(raw))
+        except ValueError:
+            pass
+    return out
+
+
+@pytest.mark.parametrize("kind", ["niah", "humaneval"])
+def test_kill_minus_nine_at_random_points_loses_and_duplicates_nothing(tmp_path, kind):
+    worker, hay = tmp_path / "worker.py", tmp_path / "hay.txt"
+    worker.write_text(WORKER)
+    hay.write_text(" ".join(f"Sentence number {i} talks about rivers and old maps." for i in range(600)))
+    ref = tmp_path / "ref.jsonl"
+    code, full = run(kind, ref, hay, worker, None)
+    assert code == 0 and len(records(ref)) == CELLS[kind]
+    cache, kills, rng = tmp_path / "killed.jsonl", 0, random.Random(0)
+    for attempt in range(12):  # kill at random points of the run; the last attempts are left to finish
+        code, _ = run(kind, cache, hay, worker, rng.uniform(0.35, 1.0) * full if attempt < 8 else None)
+        kills += code == -signal.SIGKILL
+        if code == 0:
+            break
+    assert code == 0 and kills >= 3, f"only {kills} kills landed"
+    got, want = records(cache), records(ref)
+    keys = [r["key"] for r in got]
+    assert len(keys) == len(set(keys)) == CELLS[kind]  # every cell exactly once (a torn line is not a record)
+    field = "answer" if kind == "niah" else "completion"
+    assert {r["key"]: r[field] for r in got} == {r["key"]: r[field] for r in want}
