@@ -219,3 +219,39 @@ def run(items: list[Item], grid: list[Setting], max_new_tokens: int = 24, cache:
                              batch_key=lambda c: (c.fields["length"], c.fields["lang"])):
             rows.append({**rec, "role": st.role, "control_of": st.control_of})
     return pd.DataFrame(rows).drop(columns=["key"])
+
+
+@dataclass
+class Plan:
+    """What one run size measures. Calibration needles (KVComm's layer scores) are never evaluated."""
+
+    facts: list[str]
+    pairs: list[tuple[str, str]]
+    lengths: list[int]
+    depths: list[float]
+    slaves: list[str]
+    naive: list[str]
+    kvcomm: list[str]
+    bus: bool
+    max_new_tokens: int = 24
+    calibration: list[str] = field(default_factory=lambda: ["en-person", "zh-person"])
+
+
+def plan(size: str) -> Plan:
+    slaves = ["smollm2-135m-instruct", "gemma3-270m"]
+    if size == "quick":
+        return Plan(["en-city", "en-number"], [], [256], [50], slaves[:1], [], slaves[:1], False, 16, ["en-person"])
+    if size == "default":
+        return Plan(["en-city", "en-number", "zh-city"], [("en-city", "en-number")], [256, 1024, 2048], [50], slaves,
+                    slaves[:1], slaves, True, 16)
+    if size == "full":
+        return Plan(["en-city", "en-number", "en-ingredient", "zh-city", "zh-number", "zh-ingredient"],
+                    [("en-city", "en-number"), ("en-ingredient", "en-city"), ("zh-city", "zh-number"),
+                     ("zh-ingredient", "zh-city")], [256, 1024, 2048, 4096], [25, 75], slaves, slaves, slaves, True)
+    raise FusionLabError(f"unknown run size {size!r}: use 'quick', 'default' or 'full'.")
+
+
+def calibration_samples(master: LM, p: Plan, haystacks: dict[str, str] = HAYSTACKS) -> list[tuple[str, str]]:
+    """(prompt, document) pairs for KVComm's layer scores: calibration needles at the shortest length, never scored."""
+    items = build_items(master, p.calibration, [], [min(p.lengths)], [50], haystacks)
+    return [(it.prompt(master), it.document) for it in items]

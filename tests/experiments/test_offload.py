@@ -111,3 +111,14 @@ def test_length_claim_branches():
     assert st.length_claim(acc([1, 1, 1], [1, 1, 1])).verdict == "inconclusive"  # both at the grid's top
     assert st.effective_length(acc([1, 0, 1], [0, 0, 0])).to_dict() == {"sky": 2048, "+s": 0, "floor": 0}
     assert st.length_claim(acc([1, 1, 0], [1, 0, 0]).assign(n=2)).verdict == "inconclusive"
+
+
+@pytest.mark.parametrize("size", ["quick", "default", "full"])
+def test_every_plan_names_known_needles_and_slaves(size):
+    p = off.plan(size)
+    known = {n.id for n in niah.load_needles()}
+    assert set(p.facts) | {x for pair in p.pairs for x in pair} | set(p.calibration) <= known
+    assert not set(p.calibration) & (set(p.facts) | {x for pair in p.pairs for x in pair})  # never scored
+    assert set(p.naive) <= set(p.slaves) and set(p.kvcomm) <= set(p.slaves)
+    with pytest.raises(fl.FusionLabError, match="run size"):
+        off.plan("huge")
