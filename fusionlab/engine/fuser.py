@@ -5,7 +5,10 @@ warm start, in the master's geometry), then a trainable residual r = B·act(A·z
 FFN of hidden `width`) whose output layer B starts at zero, scaled per KV head (C2C's per-head weights):
 
     blend    the master's own K/V at that position += r                     (C2C's residual; r = 0 at the start)
-    concat   slots = z + r, with a gate g >= 0 per layer, starting at 0      (g = 0 hides the slots exactly)
+    concat   slots: keys s * (z + r), values z + r, with a gate g >= 0 per layer, starting at 0 (g = 0 hides the
+             slots exactly), and a key scale s per layer, starting at 0 (flat slots: lstsq keys can score tens of
+             nats above the master's own, and then any opening of the gate floods the attention; its gradient at
+             g = 0 overflowed float32 in the first offload run)
 
 Either way the fused model starts *equal to the master*, so training moves it away only if the loss says so. (A concat
 gate at exactly 0 gets a gradient, but the projection does not until the gate opens: if opening hurts at first
@@ -93,6 +96,8 @@ class LearnedFuser(nn.Module, Projector):
                                       for i in self.layers for kind in "kv"})
         self.head_w = nn.Parameter(torch.ones(n, 2, h), requires_grad=config.per_head and config.input != "constant")
         self.gate = nn.Parameter(torch.zeros(n), requires_grad=config.mode == "concat")
+        if config.mode == "concat":
+            self.key_scale = nn.Parameter(torch.zeros(n))
         self._noise = torch.Generator().manual_seed(config.seed + 1)
 
     # --- use as a projector ----------------------------------------------------------------------------------
@@ -142,6 +147,8 @@ class LearnedFuser(nn.Module, Projector):
                 z, r = (y.view(b, t, self.heads, self.head_dim) for y in (z, r))
             r = r * self.head_w[li, j][None, None, :, None]
             y = r if self.config.mode == "blend" else z + r
+            if self.config.mode == "concat" and kind == "k":
+                y = self.key_scale[li] * y
             out.append(y.transpose(1, 2))  # (B, H_m, T, D_m)
         return out[0], out[1]
 

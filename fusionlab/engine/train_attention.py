@@ -12,6 +12,7 @@ layers for windowed entries). `tests/engine/test_fuser.py` checks these logits e
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -64,13 +65,23 @@ def train_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         if s.mode == "concat":
             parts.append((_scores(query, s.k, scale, softcap), _visible(q_pos, s.pos, window, s.windowed), s.v,
                           s.gate))
-    neg = torch.finfo(query.dtype).min
-    m = torch.stack([torch.where(vis, sc, neg).amax(-1) for sc, vis, _, _ in parts]).amax(0).detach()  # (B, H, Q)
+    neg = float("-inf")
+    # the running max counts only entries that carry weight: slots enter as score + log g (absent when g = 0), so
+    # slots that score far above the own keys behind a closed gate cannot underflow everything to 0 / 0
+    tops = []
+    for sc, vis, _, gate in parts:
+        top = torch.where(vis, sc, neg).amax(-1)
+        if gate is not None:
+            top = top + (math.log(float(gate)) if float(gate) > 0 else neg)
+        tops.append(top)
+    m = torch.stack(tops).amax(0).detach()  # (B, H, Q): finite (every query sees at least its own key)
     num, den = 0.0, 0.0
     for sc, vis, v, gate in parts:
-        w = torch.exp(torch.where(vis, sc - m[..., None], float("-inf")))  # masked entries are exactly 0
-        if gate is not None:
-            w = w * gate
+        d = torch.where(vis, sc - m[..., None], neg)  # masked entries: exp(-inf) = 0
+        if gate is not None:  # g * e^d (= e^(d + log g) for g > 0); d is capped so d/dg stays finite at g = 0
+            w = gate * torch.exp(d.clamp(max=80.0))
+        else:
+            w = torch.exp(d)
         num = num + w @ repeat_kv(v, query.shape[1] // v.shape[1])
         den = den + w.sum(-1, keepdim=True)
     return (num / den).transpose(1, 2).contiguous()

@@ -33,6 +33,8 @@ def randomize(fuser: LearnedFuser, scale: float = 0.3) -> LearnedFuser:
             if name.endswith(".b") or name.startswith("table"):
                 p.copy_(scale * torch.randn(p.shape, generator=g))
         fuser.gate.fill_(0.6)
+        if hasattr(fuser, "key_scale"):
+            fuser.key_scale.fill_(0.8)
     return fuser
 
 
@@ -179,3 +181,22 @@ def _with_loss(init, loss):
         init(self, *a, **kw)
         self.loss_of = loss
     return patched
+
+
+def test_closed_gate_with_dominant_slots_stays_finite_and_has_a_gradient():
+    """Slots scoring far above the own keys behind a gate of exactly 0: the output is the master's, finite, and the
+    gate still gets a finite gradient (a NaN here once stopped an offload training run at step 0)."""
+    from fusionlab.engine.train_attention import TrainSlots, train_attention
+
+    torch.manual_seed(0)
+    q = torch.randn(1, 2, 3, 4)
+    k, v = torch.randn(1, 1, 3, 4), torch.randn(1, 1, 3, 4)
+    pos = torch.arange(5, 8)
+    big = 200 * q[:, :1].mean(2, keepdim=True).expand(1, 1, 4, 4)  # slot keys aligned with the queries: huge scores
+    gate = torch.zeros((), requires_grad=True)
+    slots = [TrainSlots(big, torch.randn(1, 1, 4, 4), torch.arange(4), gate, "concat")]
+    out = train_attention(q, k, v, pos, slots, 1.0, None, None)
+    ref = train_attention(q, k, v, pos, [], 1.0, None, None)
+    assert torch.isfinite(out).all() and torch.allclose(out, ref, atol=1e-6)
+    out.sum().backward()
+    assert torch.isfinite(gate.grad) and gate.grad != 0
