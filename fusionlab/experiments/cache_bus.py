@@ -88,7 +88,7 @@ def humaneval_claim(table: pd.DataFrame, pairs: pd.DataFrame, kinds: pd.DataFram
                             f"{bus} {kinds.loc[bus, 'syntax error']} of {n_tasks}",
                  n=f"n={int(t.loc['master alone', 'n'])} problems", setup=setup,
                  verdict="supported" if better else ("not supported" if worse or n_tasks >= 100 else "inconclusive"),
-                 notebook=notebook)
+                 claim_id="C51", notebook=notebook)
 
 
 def memory_claim(peak_gb: float, slot_bytes: int) -> Claim:
@@ -96,4 +96,4 @@ def memory_claim(peak_gb: float, slot_bytes: int) -> Claim:
     return Claim(claim="the three-model setup needs 22.1 GB", seed_section="last section", seed_value="22.1 GB",
                  measured=f"not our models; our bus: peak RSS {peak_gb:.1f} GB (fp32 CPU), slots "
                           f"{slot_bytes / 2**20:.2f} MiB on a short prompt",
-                 n="-", setup="needs the blog's 7B-class models and a GPU", verdict="not testable here", notebook=NB)
+                 n="-", setup="needs the blog's 7B-class models and a GPU", verdict="not testable here", claim_id="C52", notebook=NB)

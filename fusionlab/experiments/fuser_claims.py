@@ -58,7 +58,7 @@ def information_claim(table: pd.DataFrame) -> Claim:
                  seed_value="C2C: +6-14% over the receiver", measured="; ".join(parts) + " (held-out NLL, nats/token)",
                  n=f"n={int(table['n'].min()) if len(table) else 0} held-out chunks (code, English, Chinese)",
                  setup="Qwen 0.5B master; SmolLM2 / Gemma 270M slaves; blend fusers (lstsq warm start + rank-32 "
-                       "residual), trained on this CPU", verdict=verdict, notebook=NB)
+                       "residual), trained on this CPU", verdict=verdict, claim_id="X02", notebook=NB)
 
 
 def never_worse(table: pd.DataFrame, pass_pairs: pd.DataFrame | None = None) -> pd.DataFrame:

@@ -208,4 +208,4 @@ def keyword_claim(last: pd.DataFrame, answer: pd.DataFrame | None = None, n_answ
                  seed_value="2.3x", measured="; ".join(_best(f, lab) for lab, f in frames.items()),
                  n=f"n={n} prompts", setup="Qwen 0.5B + lstsq slaves (concat, blend), mean over layers/heads",
                  verdict="supported" if any(specific.values()) else "not supported",
-                 notebook="03_instruction_keyword_attention")
+                 claim_id="C35", notebook="03_instruction_keyword_attention")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -159,7 +160,7 @@ def size_mismatch_claim(merge_error: str) -> Claim:
     return Claim(claim="mismatched layer counts / shapes fail with a size-mismatch error", seed_section="5.1",
                  seed_value="size mismatch error", measured=first[:110] + " ...",
                  n="reproduced on Qwen <- SmolLM2 weights", setup="load_state_dict(strict=False) into a fresh Qwen",
-                 verdict="supported" if "size mismatch" in first else "not supported", notebook=NB)
+                 verdict="supported" if "size mismatch" in first else "not supported", claim_id="C03", notebook=NB)
 
 
 def tokenizer_claim(wrong: pd.DataFrame) -> Claim:
@@ -171,7 +172,7 @@ def tokenizer_claim(wrong: pd.DataFrame) -> Claim:
                  measured=f"Qwen NLL {own.mean():.2f} on its own ids vs {bad.mean():.2f} on SmolLM2's ids "
                           f"(+{gap.mean():.2f}, {_ci(gap)}); (id-level mixing; FusionLab aligns by characters instead)",
                  n=f"n={len(own)} texts", setup="Qwen 0.5B fp32, held-out text",
-                 verdict="supported" if bootstrap_ci(gap)[0] > 0 else "inconclusive", notebook=NB)
+                 verdict="supported" if bootstrap_ci(gap)[0] > 0 else "inconclusive", claim_id="C07", notebook=NB)
 
 
 def rope_claim(rope_nll: pd.DataFrame) -> Claim:
@@ -184,7 +185,7 @@ def rope_claim(rope_nll: pd.DataFrame) -> Claim:
                  seed_value="required", measured=f"naive post-RoPE keys: NLL +{naive.mean():.2f} ({_ci(naive)}); "
                                                  f"re-rotated: {fixed.mean():+.2f} ({_ci(fixed)})",
                  n=f"n={len(naive)} (variant x text)", setup="Qwen + RoPE-altered Qwen, concat all layers",
-                 verdict="supported" if ok else "inconclusive", notebook=NB)
+                 verdict="supported" if ok else "inconclusive", claim_id="C10", notebook=NB)
 
 
 def norm_claim(real_pair: str, norm: pd.DataFrame) -> Claim:
@@ -197,16 +198,24 @@ def norm_claim(real_pair: str, norm: pd.DataFrame) -> Claim:
                  measured=f"real pair: impossible ({real_pair[:60]}...); tiny pair: slave NLL {delta.mean():+.2f} "
                           f"({_ci(delta)})",
                  n=f"n={len(delta)} texts (tiny models, random weights)", setup="tiny-qwen2 norms into tiny-phi3",
-                 verdict="not supported" if lo > 0 else "supported" if hi < 0 else "inconclusive", notebook=NB)
+                 verdict="not supported" if lo > 0 else "supported" if hi < 0 else "inconclusive", claim_id="C12", notebook=NB)
 
 
-def stride_claim(maps: pd.DataFrame, master_alone_nll: float, n_texts: int) -> Claim:
-    """`layer_map_comparison` rows: supported iff the blog's stride-2 map gives the lowest fused NLL."""
+def stride_claim(maps: pd.DataFrame, master_nll: list[float]) -> Claim:
+    """`layer_map_comparison` rows (with `nll_per_text`) and the master alone's NLL per text. The post's map is worth
+    using only if the fused model is no worse than the master alone: supported iff stride 2 gives the lowest fused
+    NLL of the maps *and* its paired CI against the master alone reaches 0 or below; not supported if it raises
+    the master's NLL (CI above 0) or another map is better; inconclusive otherwise."""
     best = maps.loc[maps["nll"].idxmin(), "strategy"]
     stride = maps.set_index("strategy").loc["stride 2 (blog)"]
+    gap = np.asarray(stride["nll_per_text"]) - np.asarray(master_nll)
+    lo, hi = bootstrap_ci(gap)
+    verdict = ("not supported" if lo > 0 or not best.startswith("stride") else
+               "supported" if lo <= 0 else "inconclusive")
     return Claim(claim="map slave layer j to master layer 2j (stride 2)", seed_section="5.1",
                  seed_value="stride-2 mapping",
-                 measured=f"NLL stride-2 {stride['nll']:.2f} vs best {best} {maps['nll'].min():.2f} (master alone "
-                          f"{master_alone_nll:.2f}); R² keys {stride['r2_keys']:.2f}",
-                 n=f"n={n_texts} texts", setup="Qwen <- SmolLM2, lstsq per map, concat",
-                 verdict="supported" if best.startswith("stride") else "not supported", notebook=NB)
+                 measured=f"NLL stride-2 {stride['nll']:.2f} vs master alone {np.mean(master_nll):.2f} "
+                          f"(+{gap.mean():.2f}, {_ci(gap)}); best map {best} {maps['nll'].min():.2f}; "
+                          f"R² keys {stride['r2_keys']:.2f}",
+                 n=f"n={len(gap)} texts", setup="Qwen <- SmolLM2, lstsq per map, concat", verdict=verdict,
+                 claim_id="C43", notebook=NB)

@@ -51,7 +51,7 @@ def hallucination_claim(rates: pd.DataFrame) -> Claim:
                  + _pooled(rates, shown),
                  n=f"n={int(at.loc['single', 'n'])} per setting (needles x depths)",
                  setup=f"Qwen 0.5B, concat all layers, RoPE-altered self-slave, {L} tokens",
-                 verdict="supported" if up else ("not supported" if below else "inconclusive"), notebook=NB)
+                 verdict="supported" if up else ("not supported" if below else "inconclusive"), claim_id="C11", notebook=NB)
 
 
 def memory_claim(rates: pd.DataFrame, eff: pd.DataFrame, lengths: list[int]) -> Claim:
@@ -66,4 +66,4 @@ def memory_claim(rates: pd.DataFrame, eff: pd.DataFrame, lengths: list[int]) -> 
                  measured=f"effective length (acc >= 80%): single {e['single']}, fused matched "
                           f"{e['fused, matched RoPE']}, {others}",
                  n=f"grid {lengths}", setup="Qwen 0.5B, NIAH on real prose with distractors", verdict=verdict,
-                 notebook=NB)
+                 claim_id="C34", notebook=NB)

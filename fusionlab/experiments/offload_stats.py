@@ -126,7 +126,7 @@ def memory_claim(acc: pd.DataFrame, tr: pd.DataFrame, ctrl: pd.DataFrame, agree:
                           + (f"self-offload = skyline on {agree[0]}/{agree[1]} answers; " if agree[1] else "") + per,
                  n=f"n={int(floor['n'])} items (facts and fact pairs x lengths)",
                  setup="Qwen 0.5B master reads only the question; slaves read the document (concat, prefix)",
-                 verdict=verdict, notebook=notebook)
+                 verdict=verdict, claim_id="X01", notebook=notebook)
 
 
 def effective_length(acc_by_length: pd.DataFrame, threshold: float = 0.5) -> pd.Series:
@@ -154,7 +154,7 @@ def length_claim(acc_by_length: pd.DataFrame, threshold: float = 0.5) -> Claim:
                  measured=f"longest document answered at >= {threshold:.0%}: skyline {sky}, best slave setting "
                           f"'{best}' {best_len}, floor {int(eff[roles == 'floor'].iloc[0])} (grid top {top})",
                  n=f"lengths {sorted(acc_by_length['length'].unique().tolist())}",
-                 setup="context offload: the document lives in the slave's K/V only", verdict=verdict, notebook=NB)
+                 setup="context offload: the document lives in the slave's K/V only", verdict=verdict, claim_id="C06", notebook=NB)
 
 
 # --- figures -------------------------------------------------------------------------------------------------

@@ -54,7 +54,7 @@ def warmup_claim(ttft: dict) -> Claim:
                  measured=f"{ttft['cold_s']:.2f} s -> {ttft['warm_median_s']:.2f} s (x{ratio:.2f})",
                  n=f"1 cold call, median of {ttft['warm_runs']} warm",
                  setup="Qwen 0.5B + SmolLM2 (lstsq, concat, prefix), CPU fp32",
-                 verdict="supported" if ratio < 0.5 else "not supported", notebook="00_quickstart")
+                 verdict="supported" if ratio < 0.5 else "not supported", claim_id="C45", notebook="00_quickstart")
 
 
 if __name__ == "__main__":

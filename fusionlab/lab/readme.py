@@ -12,14 +12,23 @@ import pandas as pd
 
 from ..experiments import humaneval as he
 from ..paths import bench_results_dir, readme_path
-from .results import best_table, ledger
+from .results import VERDICTS, best_table, ledger
 
 
 def ledger_markdown(df: pd.DataFrame) -> str:
     if df.empty:
         return "_No results saved yet: run the lab._"
-    cols = ["claim", "seed_value", "measured", "n", "verdict", "notebook", "run"]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    def order(cid: str) -> int:  # C01..C73 first, then FusionLab's own X01.., then rows without an id
+        digits = "".join(ch for ch in str(cid) if ch.isdigit())
+        return (int(digits) if digits else 9999) + (1000 if str(cid).startswith("X") else 0)
+
+    df = df.assign(_order=df["claim_id"].map(order)).sort_values(["_order", "notebook"], kind="stable")
+    cols = ["claim_id", "claim", "seed_value", "measured", "n", "verdict", "notebook", "run"]
+    posts = df[df["claim_id"].astype(str).str.startswith("C")].drop_duplicates("claim_id", keep="first")
+    counts = posts["verdict"].value_counts()
+    summary = ", ".join(f"{v} {int(counts[v])}" for v in VERDICTS if v in counts)
+    lines = [f"The posts' {len(posts)} claims: {summary} (a claim with several rows counts once, by its first row).",
+             "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for _, r in df.iterrows():
         lines.append("| " + " | ".join(str(r[c]).replace("|", "/").replace("\n", " ") for c in cols) + " |")
     return "\n".join(lines)

@@ -12,7 +12,8 @@ from typing import Any
 
 import pandas as pd
 
-from ..experiments.claim import VERDICTS, Claim  # noqa: F401  (fl.results.Claim for users)
+from ..errors import FusionLabError
+from ..experiments.claim import LEGACY_IDS, VERDICTS, Claim, unmeasured  # noqa: F401  (fl.results.Claim for users)
 from ..files import atomic_write_text
 from ..paths import results_dir
 from ..runsize import SIZES
@@ -26,6 +27,9 @@ def save_table(df: pd.DataFrame, name: str, folder: Path | None = None) -> Path:
 def save_claims(notebook: str, claims: list[Claim], run_size: str, folder: Path | None = None) -> Path:
     """One JSON per notebook and run size; the ledger prefers full > default > quick runs."""
     folder = Path(folder or results_dir() / "claims")
+    missing = [c.claim for c in claims if not c.claim_id]
+    if missing:
+        raise FusionLabError(f"claims without a claim_id (C01-C73 from data/claims.csv, or X..): {missing}.")
     body = json.dumps({"notebook": notebook, "run_size": run_size, "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
                        "claims": [asdict(c) for c in claims]}, indent=2, ensure_ascii=False)
     return atomic_write_text(folder / f"{notebook}.{run_size}.json", body)
@@ -35,8 +39,9 @@ def claims_frame(claims: list[Claim]) -> pd.DataFrame:
     return pd.DataFrame([asdict(c) for c in claims])
 
 
-def ledger(folder: Path | None = None) -> pd.DataFrame:
-    """All saved claims, the largest run of each notebook only."""
+def ledger(folder: Path | None = None, with_open: bool = True) -> pd.DataFrame:
+    """All saved claims, the largest run of each notebook only; then (`with_open`) a row for every claim of
+    data/claims.csv that none of them covers (`claim.unmeasured`: why it is open)."""
     folder = Path(folder or results_dir() / "claims")
     rank = {size: i for i, size in enumerate(SIZES)}
     best: dict[str, dict[str, Any]] = {}
@@ -46,6 +51,11 @@ def ledger(folder: Path | None = None) -> pd.DataFrame:
         if cur is None or rank[rec["run_size"]] < rank[cur["run_size"]]:
             best[rec["notebook"]] = rec
     rows = [dict(c, run=rec["run_size"], date=rec["date"][:10]) for rec in best.values() for c in rec["claims"]]
+    for r in rows:
+        r["claim_id"] = r.get("claim_id") or LEGACY_IDS.get(r["claim"], "")
+    if with_open:
+        seen = {r["claim_id"] for r in rows}
+        rows += [dict(asdict(c), run="-", date="-") for c in unmeasured(seen)]
     return pd.DataFrame(rows)
 
 

@@ -68,11 +68,17 @@ def test_norm_claim():
     assert mis.norm_claim("impossible", _norm(-0.005)).verdict == "inconclusive"
 
 
-def test_stride_claim():
-    maps = pd.DataFrame({"strategy": ["stride 2 (blog)", "proportional (KVComm)"], "nll": [4.24, 4.10],
-                         "r2_keys": [-4.1, 0.3]})
-    assert mis.stride_claim(maps, 3.23, 12).verdict == "not supported"
-    assert mis.stride_claim(maps.assign(nll=[4.0, 4.1]), 3.23, 12).verdict == "supported"
+def test_stride_claim_is_judged_against_the_master():
+    master = [3.2, 3.3, 3.1, 3.25, 3.15, 3.3]
+    def maps(stride, other):
+        return pd.DataFrame({"strategy": ["stride 2 (blog)", "proportional (KVComm)"],
+                             "nll": [sum(stride) / 6, sum(other) / 6], "r2_keys": [-4.1, 0.3],
+                             "nll_per_text": [stride, other]})
+    worse = [x + 1.0 + 0.01 * i for i, x in enumerate(master)]  # best of the maps, but far worse than the master
+    assert mis.stride_claim(maps(worse, [x + 1.2 for x in master]), master).verdict == "not supported"
+    same = [x + 0.01 * (-1) ** i for i, x in enumerate(master)]
+    assert mis.stride_claim(maps(same, [x + 0.5 for x in master]), master).verdict == "supported"
+    assert mis.stride_claim(maps(same, [x - 0.5 for x in master]), master).verdict == "not supported"  # not the best
 
 
 def _bus(master: int, bus: int, n: int, p: float):
@@ -95,7 +101,11 @@ def test_memory_and_kv_claims():
     assert cache_bus.memory_claim(3.6, 2**20).verdict == "not testable here"
     worked = pd.DataFrame({"model": ["Gemma 2 27B", "Gemma 3 27B"], "formula, all layers full (GB)": [12.3, 16.6],
                            "with sliding windows (GB)": [6.9, 3.1]})
-    assert "Gemma 2 27B 12.3 GB" in kv_budget.worked_example_claim(worked, 164032).measured
+    assert "Gemma 2 27B 12.3 GB" in kv_budget.worked_example_claim(worked, 164032, 21.47).measured
+    assert kv_budget.worked_example_claim(worked, 164032, 21.47).verdict == "partly supported"
+    assert kv_budget.worked_example_claim(worked, 164032, 30.0).verdict == "not supported"
+    assert kv_budget.worked_example_claim(worked.assign(**{"formula, all layers full (GB)": [21.4, 16.6]}), 1,
+                                          21.47).verdict == "supported"
     real = pd.DataFrame({"model": ["a", "a", "b"], "seq_len": [1, 2, 1], "formula_equals_measured": [True, True, False]})
     assert kv_budget.formula_claim(real).verdict == "not supported"
     assert kv_budget.formula_claim(real.assign(formula_equals_measured=True)).verdict == "supported"

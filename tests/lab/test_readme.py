@@ -17,9 +17,15 @@ def test_write_ledger_replaces_block(tmp_path, monkeypatch):
 
 
 def test_ledger_markdown_from_a_frame():
-    df = pd.DataFrame([{"claim": "x beats y", "seed_value": "2.3x", "measured": "1.2x | a", "n": "n=4",
-                        "verdict": "not supported", "notebook": "nb", "run": "full"}])
-    assert readme.ledger_markdown(df).splitlines()[2] == "| x beats y | 2.3x | 1.2x / a | n=4 | not supported | nb | full |"
+    df = pd.DataFrame([{"claim_id": "C35", "claim": "x beats y", "seed_value": "2.3x", "measured": "1.2x | a", "n": "n=4",
+                        "verdict": "not supported", "notebook": "nb", "run": "full"},
+                       {"claim_id": "C02", "claim": "first", "seed_value": "-", "measured": "-", "n": "-",
+                        "verdict": "supported", "notebook": "nb", "run": "full"}])
+    lines = readme.ledger_markdown(df).splitlines()
+    assert lines[0] == "The posts' 2 claims: supported 1, not supported 1 (a claim with several rows counts once, by its first row)."
+    lines = lines[2:]
+    assert lines[2].startswith("| C02 | first") and lines[3] == \
+        "| C35 | x beats y | 2.3x | 1.2x / a | n=4 | not supported | nb | full |"
     assert readme.ledger_markdown(pd.DataFrame()).startswith("_No results saved yet")
 
 

@@ -8,11 +8,14 @@ from fusionlab.lab import results
 
 
 def test_claims_and_ledger(tmp_path):
-    c = results.Claim("x beats y", "4.2", "2.3x", "1.1x", "n=40, 95% CI [0.9, 1.3]", "tiny", "not supported", "nb")
+    c = results.Claim("x beats y", "4.2", "2.3x", "1.1x", "n=40, 95% CI [0.9, 1.3]", "tiny", "not supported", "nb",
+                      claim_id="C35")
     results.save_claims("nb", [c], "quick", folder=tmp_path)
     results.save_claims("nb", [results.Claim(**{**c.__dict__, "measured": "1.2x"})], "full", folder=tmp_path)
-    df = results.ledger(tmp_path)
+    df = results.ledger(tmp_path, with_open=False)
     assert list(df["measured"]) == ["1.2x"] and list(df["run"]) == ["full"]
+    full = results.ledger(tmp_path)  # then one row for every other claim of data/claims.csv, saying why it is open
+    assert len(full) == 73 and (full["claim_id"] == "C35").sum() == 1 and full["claim_id"].is_unique
     assert results.best_table("nothing", folder=tmp_path) is None
     with pytest.raises(FusionLabError, match="verdict must be one of"):
         results.Claim("a", "b", "c", "d", "e", "f", "great", "nb")
