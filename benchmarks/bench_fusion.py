@@ -1,15 +1,21 @@
-"""Speed of fusion vs the master alone, side by side in one process (Qwen master + SmolLM2 slave).
+"""Speed of fusion vs the master alone, side by side in one process (Qwen master + SmolLM2 slave, lstsq, concat,
+prefix), every ratio from ABAB pairs with a bootstrap 95% CI (benchmarks/paired.py: repetitions continue until the CI
+is within ±0.03 or the budget ends).
 
-Targets (issue #3): no-op fusion forward <= 1.03x master; prefix fused decode >= 0.95x master tokens/s at a
-2K-token prompt (blog: 0.90x); fused prefill <= 1.1x (master + slave prefill); cold vs warm TTFT (blog:
-3.2 s -> 0.78 s). Runs are interleaved and medians reported, so drift hits both sides alike.
-Writes benchmarks/results/fusion.json. Usage: python benchmarks/bench_fusion.py [--tokens 2048] [--reps 5]
+    no-op fusion forward / master forward (512 tokens)                                  target <= 1.03
+    fused / master decode throughput at a 2048-token prompt, batch 1                     target >= 0.95
+    fused prefill / (master prefill + slave capture)                                      target <= 1.10
+    fused / master decode throughput at batch 1, 4, 8, 16 (master: transformers' own
+        left-padded batch; prompts of 300-500 tokens)                                     target >= 0.95 each
+    batch-8 aggregate tokens/s / batch-1 tokens/s (fused)                                 target >= 4
+    cold vs warm time-to-first-token in a fresh process (the blog: 3.2 s -> 0.78 s)
+
+Writes benchmarks/results/fusion.json. Usage: python benchmarks/bench_fusion.py [--max-reps 12] [--steps 16]
 """
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from pathlib import Path
 
@@ -17,105 +23,97 @@ import torch
 from transformers import DynamicCache
 
 import fusionlab as fl
-from fusionlab.engine.kv_capture import capture_kv
 from fusionlab.engine.fit import calibration_paragraphs
+from fusionlab.engine.kv_capture import capture_kv
 from fusionlab.experiments.ttft import measure
+
+from paired import paired_ratio
 
 OUT = Path(__file__).parent / "results"
 
 
-def long_ids(lm: fl.LM, n: int) -> torch.Tensor:
-    text = " ".join(calibration_paragraphs())
-    ids = lm.encode(text)
+def long_text(lm: fl.LM, n: int, offset: int = 0) -> str:
+    paras = calibration_paragraphs()
+    ids = lm.encode(" ".join(paras[offset:] + paras[:offset]))
     while ids.shape[1] < n:
         ids = torch.cat([ids, ids], dim=1)
-    return ids[:, :n]
+    return lm.tokenizer.decode(ids[0, :n])
 
 
-def timed(fn, reps: int) -> list[float]:
-    out = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t)
-    return out
+def master_decode(m: fl.LM, prompts: list[str], steps: int) -> float:
+    """transformers' own left-padded batch: prefill (untimed), then `steps` decode steps (timed)."""
+    enc = m.tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    pos = (mask.cumsum(1) - 1).clamp(min=0)
+    cache = DynamicCache(config=m.model.config)
+    m.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1)
+    tok = torch.full((len(prompts), 1), m.tokenizer.encode(" the")[0])
+    t = time.perf_counter()
+    for _ in range(steps):
+        mask = torch.cat([mask, torch.ones_like(tok)], dim=1)
+        pos = pos[:, -1:] + 1
+        m.model(input_ids=tok, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1)
+    return time.perf_counter() - t
+
+
+def fused_decode(f: fl.FusedModel, prompts: list[str], steps: int) -> float:
+    seq, _, _ = f.prefill(prompts if len(prompts) > 1 else prompts[0], max_new_tokens=steps)
+    tok = torch.full((len(prompts), 1), f.master.tokenizer.encode(" the")[0])
+    t = time.perf_counter()
+    for _ in range(steps):
+        f.decode_one_token(seq, tok)
+    return time.perf_counter() - t
+
+
+def inverse(r: dict) -> dict:
+    """A time ratio b/a as a throughput ratio a/b (bounds swap)."""
+    return {"ratio": 1 / r["ratio"], "ci_low": 1 / r["ci_high"], "ci_high": 1 / r["ci_low"], "reps": r["reps"],
+            "converged": r["converged"], "master_s": r["a_median_s"], "fused_s": r["b_median_s"]}
 
 
 @torch.inference_mode()
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tokens", type=int, default=2048)
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--decode", type=int, default=32)
+    ap.add_argument("--max-reps", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--batches", type=int, nargs="*", default=[1, 4, 8, 16])
     args = ap.parse_args()
     m, s = fl.load("qwen2.5-coder-0.5b-instruct"), fl.load("smollm2-135m-instruct")
     proj = fl.fit_lstsq(m, s)
-    text = m.tokenizer.decode(long_ids(m, args.tokens)[0])
-    ids = m.encode(text)[:, :args.tokens]
-    text = m.tokenizer.decode(ids[0])
-    ids = m.encode(text)
-    res: dict[str, object] = {"prompt_tokens": ids.shape[1], "threads": torch.get_num_threads(),
-                              "torch": torch.__version__}
-
-    # 1. no-op fusion forward vs plain master forward (512 tokens, full logits on both sides)
-    short = ids[:, :512]
-    plain_fwd = lambda: m.model(short, use_cache=True)  # noqa: E731
-    plain_fwd()
-    fwd: dict[str, list[float]] = {"plain": [], "noop": []}
-    for _ in range(args.reps + 2):
-        fwd["plain"] += timed(plain_fwd, 1)
-        with fl.fuse(m, []) as f:
-            fwd["noop"] += timed(lambda: f(short), 1)
-    res["noop_forward_ratio"] = statistics.median(fwd["noop"]) / statistics.median(fwd["plain"])
-
-    # 2. decode: per-step time at a long prompt, master alone (plain HF loop) vs fused (prefix concat)
-    n = args.decode
     slave = fl.Slave(s, layer_map=proj.layer_map, projector=proj, align="mean")
-    tok = torch.tensor([[m.tokenizer.encode(" the")[0]]])
+    kw = dict(min_reps=4, max_reps=args.max_reps, halfwidth=0.03)
+    res: dict[str, object] = {"threads": torch.get_num_threads(), "torch": torch.__version__, "steps": args.steps}
 
-    def master_steps() -> tuple[float, float]:
-        cache = DynamicCache(config=m.model.config)
-        t = time.perf_counter()
-        m.model(ids, cache=cache, use_cache=True, logits_to_keep=1)
-        prefill = time.perf_counter() - t
-        steps = []
-        for i in range(n):
-            t = time.perf_counter()
-            m.model(tok, cache=cache, use_cache=True, logits_to_keep=1,
-                    position_ids=torch.tensor([[ids.shape[1] + i]]))
-            steps.append(time.perf_counter() - t)
-        return prefill, statistics.median(steps)
+    short = m.encode(long_text(m, 512))[:, :512]
+    with fl.fuse(m, []) as noop:
+        res["noop_forward"] = paired_ratio(lambda: m.model(short, use_cache=True), lambda: noop(short), **kw)
 
-    def fused_steps() -> tuple[float, float]:
-        with fl.fuse(m, [slave]) as f:
-            t = time.perf_counter()
-            seq, _, _ = f.prefill(text, max_new_tokens=n)
-            prefill = time.perf_counter() - t
-            steps = []
-            for _ in range(n):
-                t = time.perf_counter()
-                f.decode_one_token(seq, tok)
-                steps.append(time.perf_counter() - t)
-        return prefill, statistics.median(steps)
+    text = long_text(m, 2048)
+    with fl.fuse(m, [slave]) as f:
+        res["decode_2k"] = inverse(paired_ratio(lambda: master_decode(m, [text], args.steps),
+                                                lambda: fused_decode(f, [text], args.steps), **kw))
+        layers = sorted(set(proj.layer_map.pairs.values()))
+        s_ids, ids = s.encode(text), m.encode(text)
 
-    runs = {"master": [], "fused": [], "slave_prefill": []}
-    s_ids = s.encode(text)
-    for _ in range(args.reps):
-        runs["master"].append(master_steps())
-        runs["fused"].append(fused_steps())
-        runs["slave_prefill"] += timed(lambda: capture_kv(s, s_ids, sorted(set(proj.layer_map.pairs.values()))), 1)
-    med = lambda k, i: statistics.median(r[i] for r in runs[k])  # noqa: E731
-    master_step, fused_step = med("master", 1), med("fused", 1)
-    slave_prefill = statistics.median(runs["slave_prefill"])
-    res.update({"decode_tokens": n, "master_decode_tok_s": 1 / master_step, "fused_decode_tok_s": 1 / fused_step,
-                "decode_ratio": master_step / fused_step, "master_prefill_s": med("master", 0),
-                "slave_prefill_s": slave_prefill, "fused_prefill_s": med("fused", 0),
-                "prefill_ratio": med("fused", 0) / (med("master", 0) + slave_prefill)})
+        def separate() -> None:
+            m.model(ids, use_cache=True, logits_to_keep=1)
+            capture_kv(s, s_ids, layers)
 
-    # 3. cold vs warm TTFT in a fresh process
-    res["ttft"] = measure(m.name, s.name, warm_runs=args.reps)
+        res["prefill_2k"] = paired_ratio(separate, lambda: f.prefill(text), **kw)
+        res["prompt_tokens"] = int(ids.shape[1])
+        batches = {}
+        for b in args.batches:
+            prompts = [long_text(m, 300 + (200 * i) // max(b - 1, 1), offset=i) for i in range(b)]
+            r = inverse(paired_ratio(lambda: master_decode(m, prompts, args.steps),
+                                     lambda: fused_decode(f, prompts, args.steps), **kw))
+            r["fused_tok_s"] = b * args.steps / r["fused_s"]
+            r["master_tok_s"] = b * args.steps / r["master_s"]
+            batches[str(b)] = r
+        res["batch_decode"] = batches
+        if "1" in batches and "8" in batches:
+            res["batch8_over_batch1"] = batches["8"]["fused_tok_s"] / batches["1"]["fused_tok_s"]
+    res["ttft"] = measure(m.name, s.name, warm_runs=5)
     res["ttft_warm_over_cold"] = res["ttft"]["warm_median_s"] / res["ttft"]["cold_s"]
-    res["reps"] = args.reps
     OUT.mkdir(exist_ok=True)
     (OUT / "fusion.json").write_text(json.dumps(res, indent=2))
     print(json.dumps(res, indent=2))
