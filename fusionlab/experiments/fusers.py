@@ -56,7 +56,7 @@ def plan(size: str) -> FuserPlan:
     if size == "quick":
         return FuserPlan(slaves[:1], ["slave", "shuffled"], False, 512, 2, 3, 3, [512], [256], tokens=128, train=True)
     if size == "default":
-        return FuserPlan(slaves, list(VARIANTS), True, 8_000, 12, 16, 16, [1024], [256, 1024], train=True)
+        return FuserPlan(slaves, list(VARIANTS), True, 8_000, 12, 16, 8, [1024], [256, 1024], train=True)
     if size == "full":
         return FuserPlan(slaves, list(VARIANTS), True, 40_000, 32, None, 16, [1024, 2048, 4096], [256, 1024, 2048],
                          train=True)

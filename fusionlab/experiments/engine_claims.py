@@ -1,0 +1,226 @@
+"""Notebook 08, part 2: the posts' claims about model behaviour that a short run on our models settles.
+
+    C13 gradients make the stitched model non-deterministic      C20 the slave needs use_cache=False to expose K/V
+    C24 eval() + no_grad are mandatory against dropout           C44 strict=False postpones a shape error
+    C56 cached decoding equals recomputing everything            C05 fused output entropy is higher
+    C70 a larger batch raises throughput and latency
+
+Each `measure_*` returns plain numbers; each `*_verdict` reads only those (tested on hand-made numbers).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+from ..analysis.stats import bootstrap_ci
+from ..engine.kv_capture import capture_kv
+from ..engine.lm import LM
+from .claim import Claim
+
+NB = "08_remaining_claims"
+
+
+# --- C13: gradients and determinism --------------------------------------------------------------------------
+def measure_grad_determinism(lm: LM, ids: torch.Tensor, repeats: int = 3) -> dict[str, Any]:
+    """Master logits (1, T, V) under no_grad and enable_grad, `repeats` times each, compared bitwise."""
+    def run(grad: bool) -> list[torch.Tensor]:
+        with torch.set_grad_enabled(grad):
+            return [lm.model(ids).logits.detach() for _ in range(repeats)]
+
+    plain, grad = run(False), run(True)
+    return {"repeats": repeats, "no_grad_repeats_identical": all(torch.equal(plain[0], x) for x in plain),
+            "grad_repeats_identical": all(torch.equal(grad[0], x) for x in grad),
+            "grad_vs_no_grad_max_abs": float((grad[0] - plain[0]).abs().max())}
+
+
+def grad_verdict(m: dict[str, Any]) -> str:
+    return "supported" if m["no_grad_repeats_identical"] and not m["grad_repeats_identical"] else "not supported"
+
+
+# --- C24: dropout --------------------------------------------------------------------------------------------
+def measure_dropout(lm: LM, ids: torch.Tensor) -> dict[str, Any]:
+    """Logits in train() vs eval() (the model is put back in eval); the config's dropout rates."""
+    cfg = lm.model.config.to_dict()
+    rates = {k: v for k, v in cfg.items() if "dropout" in k and isinstance(v, (int, float))}
+    with torch.no_grad():
+        ref = lm.model(ids).logits
+        lm.model.train()
+        try:
+            torch.manual_seed(0)
+            trained = lm.model(ids).logits
+        finally:
+            lm.model.eval()
+    return {"dropout_rates": rates, "train_vs_eval_max_abs": float((trained - ref).abs().max())}
+
+
+def dropout_verdict(m: dict[str, Any]) -> str:
+    return "supported" if m["train_vs_eval_max_abs"] > 0 else "not supported"
+
+
+# --- C20: use_cache and the K/V hooks ------------------------------------------------------------------------
+def measure_use_cache(lm: LM, ids: torch.Tensor) -> dict[str, Any]:
+    """FusionLab's K/V hooks (on k_proj / v_proj) with use_cache=False and with a live cache (use_cache=True)."""
+    off = capture_kv(lm, ids)
+    on = capture_kv(lm, ids, cache=DynamicCache(config=lm.model.config))
+    same = all(torch.equal(off.keys[i], on.keys[i]) and torch.equal(off.values[i], on.values[i]) for i in off.keys)
+    return {"layers_seen_use_cache_false": len(off.keys), "layers_seen_use_cache_true": len(on.keys),
+            "identical": same}
+
+
+def use_cache_verdict(m: dict[str, Any]) -> str:
+    exposed = m["layers_seen_use_cache_true"] == m["layers_seen_use_cache_false"] > 0 and m["identical"]
+    return "not supported" if exposed else "supported"
+
+
+# --- C44: strict=False ---------------------------------------------------------------------------------------
+def measure_strict_false(target: torch.nn.Module, source: torch.nn.Module) -> dict[str, Any]:
+    """Load a differently shaped model's weights with strict=False: does it fail at load, or load and fail later?
+    (Into a copy: torch copies the matching tensors before it raises.)"""
+    import copy
+
+    target = copy.deepcopy(target)
+    try:
+        target.load_state_dict(source.state_dict(), strict=False)
+        return {"fails_at_load": False, "error": ""}
+    except RuntimeError as e:
+        first = next((ln.strip() for ln in str(e).splitlines() if "size mismatch" in ln), str(e).splitlines()[0])
+        return {"fails_at_load": True, "error": first[:160]}
+
+
+def strict_false_verdict(m: dict[str, Any]) -> str:
+    return "not supported" if m["fails_at_load"] else "supported"
+
+
+# --- C56: cached decoding vs recomputing ---------------------------------------------------------------------
+@torch.inference_mode()
+def measure_cached_decoding(lm: LM, ids: torch.Tensor, steps: int) -> dict[str, Any]:
+    """Greedy decoding with a KV cache vs recomputing the whole sequence at every step: tokens and logits."""
+    cache = DynamicCache(config=lm.model.config)
+    logits = lm.model(input_ids=ids, cache=cache, use_cache=True).logits[:, -1]
+    seq, diffs, same = ids, [], 0
+    for _ in range(steps):
+        full = lm.model(input_ids=seq).logits[:, -1]  # no cache: everything recomputed
+        diffs.append(float((full - logits).abs().max()))
+        same += int(full.argmax(-1) == logits.argmax(-1))
+        tok = logits.argmax(-1, keepdim=True)  # (1, 1)
+        seq = torch.cat([seq, tok], dim=1)
+        logits = lm.model(input_ids=tok, cache=cache, use_cache=True).logits[:, -1]
+    return {"steps": steps, "same_argmax": same, "max_abs_logit_diff": max(diffs), "dtype": str(lm.dtype)}
+
+
+def cached_decoding_verdict(m: dict[str, Any], tol: float = 1e-3) -> str:
+    """Equal up to floating-point reassociation (fp32 here), with every greedy token the same."""
+    return "supported" if m["same_argmax"] == m["steps"] and m["max_abs_logit_diff"] <= tol else "not supported"
+
+
+# --- C05: entropy of the fused output ------------------------------------------------------------------------
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Next-token entropy in nats (T,) of logits (1, T, V)."""
+    logp = F.log_softmax(logits[0].float(), -1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+@torch.inference_mode()
+def measure_entropy(master: LM, fused: Any, texts: list[str], seed: int = 0) -> dict[str, Any]:
+    """Per text: mean next-token entropy and NLL, master alone vs fused; paired bootstrap CIs of the differences."""
+    rows = []
+    for text in texts:
+        ids = master.encode(text)
+        a, b = master.model(ids).logits, fused(ids)
+        nll = [float(F.cross_entropy(x[0, :-1].float(), ids[0, 1:])) for x in (a, b)]
+        rows.append((float(token_entropy(a).mean()), float(token_entropy(b).mean()), *nll))
+    r = np.array(rows)
+    d_ent, d_nll = r[:, 1] - r[:, 0], r[:, 3] - r[:, 2]
+    return {"n": len(texts), "entropy_master": float(r[:, 0].mean()), "entropy_fused": float(r[:, 1].mean()),
+            "entropy_diff": float(d_ent.mean()), "entropy_diff_ci": bootstrap_ci(d_ent, seed=seed),
+            "nll_master": float(r[:, 2].mean()), "nll_fused": float(r[:, 3].mean()),
+            "nll_diff_ci": bootstrap_ci(d_nll, seed=seed)}
+
+
+def entropy_verdict(m: dict[str, Any], smooth: float = 0.003) -> str:
+    """Two parts: 'fused output entropy is higher' (the paired CI of fused - master entropy above 0) and 'smoothness
+    drops < 0.3 %' (read as the held-out NLL rising by under 0.3 % of the master's). Both: supported; only the entropy
+    part: partly; entropy CI below 0: not supported; n < 5 texts or a CI across 0: inconclusive."""
+    lo, hi = m["entropy_diff_ci"]
+    if m["n"] < 5:
+        return "inconclusive"
+    if hi < 0:
+        return "not supported"
+    if lo <= 0:
+        return "inconclusive"
+    small = m["nll_diff_ci"][1] <= smooth * m["nll_master"]
+    return "supported" if small else "partly supported"
+
+
+# --- C70: batch size, throughput and latency -----------------------------------------------------------------
+@torch.inference_mode()
+def measure_batching(lm: LM, prompt: str, batches: list[int], steps: int = 16, reps: int = 3) -> list[dict[str, Any]]:
+    """Decode `steps` tokens for `batch` copies of a prompt (transformers' own batch): median step latency and
+    aggregate tokens/s per batch size."""
+    ids = lm.encode(prompt)
+    out = []
+    for b in batches:
+        times = []
+        for _ in range(reps):
+            cache = DynamicCache(config=lm.model.config)
+            x = ids.expand(b, -1).contiguous()
+            tok = lm.model(input_ids=x, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)  # (B, 1)
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                tok = lm.model(input_ids=tok, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
+            times.append((time.perf_counter() - t0) / steps)
+        step = float(np.median(times))
+        out.append({"batch": b, "step_ms": 1000 * step, "tokens_per_s": b / step, "reps": reps})
+    return out
+
+
+def batching_verdict(rows: list[dict[str, Any]]) -> str:
+    """Both must rise from the smallest to the largest batch: throughput by > 20 %, step latency by > 5 %."""
+    a, z = rows[0], rows[-1]
+    return "supported" if z["tokens_per_s"] > 1.2 * a["tokens_per_s"] and z["step_ms"] > 1.05 * a["step_ms"] \
+        else "not supported"
+
+
+# --- the claims ----------------------------------------------------------------------------------------------
+def claims(m: dict[str, Any], setup: str) -> list[Claim]:
+    g, d, u, s, c, e, b = (m[k] for k in ("grad", "dropout", "use_cache", "strict", "cached", "entropy", "batch"))
+    rates = ", ".join(f"{k}={v}" for k, v in d["dropout_rates"].items()) or "none"
+    lo, hi = e["entropy_diff_ci"]
+    nlo, nhi = e["nll_diff_ci"]
+    bs = ", ".join(f"b={r['batch']}: {r['tokens_per_s']:.0f} tok/s, {r['step_ms']:.0f} ms/step" for r in b)
+    return [
+        Claim("enabling gradients makes the stitched model non-deterministic", "A§2.3", "qualitative",
+              f"{g['repeats']} repeats under enable_grad bitwise identical: {g['grad_repeats_identical']}; "
+              f"enable_grad vs no_grad max |Δlogit| {g['grad_vs_no_grad_max_abs']:.1e} (FusionLab's fused inference "
+              "runs under inference_mode regardless)", f"n={g['repeats']} x 2", setup, grad_verdict(g), NB, "C13"),
+        Claim("the slave needs `use_cache=False` to expose K/V", "A§3.2", "qualitative",
+              f"the K/V hooks see {u['layers_seen_use_cache_true']} layers with use_cache=True and "
+              f"{u['layers_seen_use_cache_false']} with False; identical tensors: {u['identical']}", "-", setup,
+              use_cache_verdict(u), NB, "C20"),
+        Claim("`eval()` + `no_grad` are mandatory against dropout", "A§3.2", "qualitative",
+              f"train() vs eval() max |Δlogit| {d['train_vs_eval_max_abs']:.1e}; dropout rates: {rates}"
+              + ("" if d["train_vs_eval_max_abs"] > 0 else " (no dropout is active in these models, so eval() changes "
+                 "nothing here; it would matter for a model trained with dropout)"),
+              "-", setup, dropout_verdict(d), NB, "C24"),
+        Claim("`strict=False` only postpones the error to a CUDA error", "A§5.1", "qualitative",
+              (f"load_state_dict(strict=False) fails at load: {s['error']}" if s["fails_at_load"]
+               else "strict=False loaded the mismatched weights"), "-", "two tiny models of different widths",
+              strict_false_verdict(s), NB, "C44"),
+        Claim("cached decoding equals recomputing everything", "B§1.1", "qualitative",
+              f"{c['same_argmax']}/{c['steps']} greedy tokens the same, max |Δlogit| {c['max_abs_logit_diff']:.1e} "
+              f"({c['dtype']})", f"n={c['steps']} steps", setup, cached_decoding_verdict(c), NB, "C56"),
+        Claim("the master's output smoothness drops < 0.3 %; fused output entropy is higher", "A§2.2, §5.4",
+              "< 0.3 %",
+              f"entropy {e['entropy_master']:.3f} → {e['entropy_fused']:.3f} nats (Δ {e['entropy_diff']:+.3f}, "
+              f"95% CI [{lo:+.3f}, {hi:+.3f}]); NLL {e['nll_master']:.3f} → {e['nll_fused']:.3f} "
+              f"(Δ CI [{nlo:+.3f}, {nhi:+.3f}], {(e['nll_fused'] / e['nll_master'] - 1):+.1%}; the post: < 0.3 %)",
+              f"n={e['n']} held-out texts, paired bootstrap",
+              setup + ", SmolLM2 slave, lstsq, concat", entropy_verdict(e), NB, "C05"),
+        Claim("a larger batch raises throughput and latency", "B§4.2", "qualitative", bs,
+              f"median of {b[0]['reps']} reps", setup + ", plain master", batching_verdict(b), NB, "C70"),
+    ]
