@@ -59,6 +59,10 @@ def claim_ids(path: Path | None = None) -> pd.DataFrame:
     return pd.read_csv(path or asset("claims.csv"))
 
 
+GPU_PREPARED = ("C14", "C15", "C28", "C29", "C50")
+"""Claims benchmarks/gpu_claims.py measures on a lent GPU (its JSON goes to benchmarks/results/gpu_claims.json)."""
+
+
 def unmeasured(seen: set[str], path: Path | None = None) -> list[Claim]:
     """A ledger row for every claim of data/claims.csv that no saved result covers, so the ledger lists all 73 and says
     why each open one is open: class c cannot be tested here (the reason), class b needs a GPU (what to measure on
@@ -73,6 +77,8 @@ def unmeasured(seen: set[str], path: Path | None = None) -> list[Claim]:
             verdict, measured = "not testable here", plan or "cannot be tested with the models and data here"
         elif r["class"] == "b":
             verdict, measured = "not testable here", "needs a GPU" + (f": {plan}" if plan else "")
+            if r["id"] in GPU_PREPARED:
+                measured += "; prepared: benchmarks/gpu_claims.py (not run yet: no GPU lent to a session so far)"
         else:
             verdict, measured = "not measured yet", f"planned: {plan}" if plan else "planned (see CLAIMS.md)"
         rows.append(Claim(r["claim"], r["where"], str(r["post_value"]), measured, "-", "-", verdict, "-", r["id"]))

@@ -1,0 +1,21 @@
+"""benchmarks/gpu_claims.py runs end to end (CPU dry run on tiny models), so the script a lent GPU gets is not untried."""
+from __future__ import annotations
+
+import importlib.util
+import json
+
+from fusionlab.paths import clone_root
+
+
+def test_gpu_claims_script_dry_run_on_cpu(tmp_path):
+    spec = importlib.util.spec_from_file_location("gpu_claims", clone_root() / "benchmarks" / "gpu_claims.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "gpu.json"
+    mod.main(["--device", "cpu", "--tokens", "4", "--master", "tiny-qwen2", "--slave", "tiny-llama",
+              "--prompt-chars", "200", "--dtypes", "float32", "bfloat16", "--out", str(out)])
+    r = json.loads(out.read_text())
+    for dtype in ("float32", "bfloat16"):  # fusionlab refuses fp16 on CPU; the GPU run uses float16 and bfloat16
+        assert r[f"fused_{dtype}"]["first_token_s"] > 0 and r[f"fused_{dtype}"]["decode_tok_s"] > 0
+        assert set(r[f"cache_{dtype}"]) == {"dynamic", "static"}
+        assert r[f"cache_{dtype}"]["static"]["allocations"] is None  # CUDA counters only on a GPU
