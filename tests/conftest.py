@@ -10,6 +10,11 @@ import fusionlab as fl
 from fusionlab.models.tiny import TINY
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Several test workers share the cores: one torch thread each (and in every kernel or subprocess they start), so
+    # their thread pools never oversubscribe the machine (two 2-thread processes on 2 cores run several-fold slower).
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 TINY_NAMES = list(TINY)
 TEXT = "The quick brown fox jumps over the lazy dog; 敏捷的狐狸 again and again, the end."
 

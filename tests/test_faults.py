@@ -31,21 +31,25 @@ else:
     he.generate_all("s", "k", lambda: fl.fuse(m, []), tasks, max_new_tokens=10, cache=cache, batch_size=3)
 '''
 CELLS = {"niah": 24, "humaneval": 8}
+BATCH = {"niah": 2, "humaneval": 3}  # the workers' batch sizes: cells land in the cache a batch at a time
 
 
-def run(kind: str, cache: Path, hay: Path, worker: Path, kill_after: float | None) -> tuple[int, float]:
-    t0 = time.perf_counter()
+def run(kind: str, cache: Path, hay: Path, worker: Path, kill: tuple[int, float] | None) -> int:
+    """Run the grid; `kill` = (cells, delay): SIGKILL it `delay` s after the cache first holds that many finished
+    cells (a random point of the run that lands whatever the machine's speed), unless it has finished by then."""
     p = subprocess.Popen([sys.executable, str(worker), kind, str(cache), str(hay)], stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE)
-    if kill_after is not None:
-        try:
-            p.wait(timeout=kill_after)
-        except subprocess.TimeoutExpired:
+    if kill is not None:
+        cells, delay = kill
+        while p.poll() is None and (len(records(cache)) if cache.exists() else 0) < cells:
+            time.sleep(0.005)
+        time.sleep(delay)
+        if p.poll() is None:
             p.send_signal(signal.SIGKILL)
     p.wait()
     if p.returncode not in (0, -signal.SIGKILL):
         raise AssertionError(p.stderr.read().decode()[-2000:])
-    return p.returncode, time.perf_counter() - t0
+    return p.returncode
 
 
 def records(cache: Path) -> list[dict]:
@@ -65,11 +69,15 @@ def test_kill_minus_nine_at_random_points_loses_and_duplicates_nothing(tmp_path,
     worker.write_text(WORKER)
     hay.write_text(" ".join(f"Sentence number {i} talks about rivers and old maps." for i in range(600)))
     ref = tmp_path / "ref.jsonl"
-    code, full = run(kind, ref, hay, worker, None)
-    assert code == 0 and len(records(ref)) == CELLS[kind]
+    assert run(kind, ref, hay, worker, None) == 0 and len(records(ref)) == CELLS[kind]
     cache, kills, rng = tmp_path / "killed.jsonl", 0, random.Random(0)
-    for attempt in range(12):  # kill at random points of the run; the last attempts are left to finish
-        code, _ = run(kind, cache, hay, worker, rng.uniform(0.35, 1.0) * full if attempt < 8 else None)
+    for attempt in range(9):  # kill at random points of the run; the last attempts are left to finish
+        done = len(records(cache)) if cache.exists() else 0
+        last = CELLS[kind] - BATCH[kind]  # a kill point with at least one batch still to compute
+        target = rng.randint(done, max(done, last))
+        # target == done: during start-up or the first batch (a random delay); else right after that many cells
+        point = (target, rng.uniform(0.3, 2.5) if target == done else rng.uniform(0.0, 0.05)) if attempt < 6 else None
+        code = run(kind, cache, hay, worker, point)
         kills += code == -signal.SIGKILL
         if code == 0:
             break

@@ -10,6 +10,9 @@ count (`threads=1` by default, see determinism.py), so the same models and text 
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import time
 from pathlib import Path
 
@@ -17,7 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..errors import FusionLabError
-from ..paths import asset
+from ..paths import asset, cache_dir
 from .kv_capture import capture_kv
 from .layermap import LayerMap
 from .lm import LM
@@ -54,11 +57,20 @@ def _pairs(master: LM, slave: LM, text: str, lmap: LayerMap, align: str):
     return out
 
 
+FIT_VERSION = 1
+"""Part of every saved fit's key: bump it when the fit's arithmetic changes, so older saved fits are never reused."""
+
+
 def fit_lstsq(master: LM, slave: LM, layer_map: LayerMap | str | None = None, texts: list[str] | None = None,
-              align: str = "mean", ridge: float = 1e-1, holdout_every: int = 5, threads: int | None = 1) -> LstsqProjector:
+              align: str = "mean", ridge: float = 1e-1, holdout_every: int = 5, threads: int | None = 1,
+              cache: bool | None = None) -> LstsqProjector:
     """Closed-form ridge fit per mapped layer; every `holdout_every`-th paragraph is held out for R².
     `threads`: the fixed thread count that makes the fit bit-reproducible (None: the caller's setting, faster on many
-    cores but reproducible only at that same count)."""
+    cores but reproducible only at that same count).
+    `cache`: at a fixed thread count the fit is bit-reproducible, so a fit of the same inputs (both models' weights,
+    layer map, texts, settings, torch and transformers versions) is saved once under cache_dir()/projectors and
+    reloaded, equal to the bit, instead of recomputed. None (default): cache fits on the calibration text (texts=None,
+    the expensive case every notebook repeats); True / False: always / never."""
     from . import checks
     from .token_align import STRATEGIES
 
@@ -73,17 +85,42 @@ def fit_lstsq(master: LM, slave: LM, layer_map: LayerMap | str | None = None, te
             raise FusionLabError("texts must be a non-empty list of strings (calibration paragraphs).")
         for i, t in enumerate(texts):
             checks.text(f"texts[{i}]", t)
+    if cache is not None and not isinstance(cache, bool):
+        raise FusionLabError(f"cache must be True, False or None (cache fits on the calibration text), got {cache!r}.")
+    lmap = (LayerMap.build(layer_map or "proportional", master, slave) if not isinstance(layer_map, LayerMap)
+            else layer_map.validate_for(master, slave))
+    use_cache = (texts is None if cache is None else cache) and threads is not None
+    texts = list(texts or calibration_paragraphs())
+    path = saved_fit_path(master, slave, lmap, texts, align, ridge, holdout_every, threads) if use_cache else None
+    if path is not None and path.exists():
+        try:
+            return LstsqProjector.load(path)
+        except FusionLabError:
+            path.unlink(missing_ok=True)  # a damaged saved fit is refitted below (and saved again)
     with fixed_threads(threads):
-        proj = _fit(master, slave, layer_map, texts, align, ridge, holdout_every)
+        proj = _fit(master, slave, lmap, texts, align, ridge, holdout_every)
     proj.meta["threads"] = threads
+    if path is not None:  # written whole, then renamed: a concurrent reader sees no file or all of it
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        os.replace(proj.save(tmp), path)
     return proj
 
 
-def _fit(master: LM, slave: LM, layer_map: LayerMap | str | None, texts: list[str] | None, align: str, ridge: float,
+def saved_fit_path(master: LM, slave: LM, lmap: LayerMap, texts: list[str], align: str, ridge: float,
+                   holdout_every: int, threads: int | None) -> Path:
+    """Where the fit of exactly these inputs is saved: a hash of everything the fit's bits depend on."""
+    import transformers
+
+    key = {"v": FIT_VERSION, "master": master.fingerprint, "slave": slave.fingerprint, "map": lmap.to_dict(),
+           "texts": hashlib.sha256("\x00".join(texts).encode()).hexdigest(), "align": align, "ridge": ridge,
+           "holdout_every": holdout_every, "threads": threads, "torch": torch.__version__,
+           "transformers": transformers.__version__, "dtypes": [str(master.dtype), str(slave.dtype)]}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:24]
+    return cache_dir() / "projectors" / f"{slave.name}__to__{master.name}.{digest}.safetensors"
+
+
+def _fit(master: LM, slave: LM, lmap: LayerMap, texts: list[str], align: str, ridge: float,
          holdout_every: int) -> LstsqProjector:
-    lmap = (LayerMap.build(layer_map or "proportional", master, slave) if not isinstance(layer_map, LayerMap)
-            else layer_map.validate_for(master, slave))
-    texts = texts or calibration_paragraphs()
     held = [t for n, t in enumerate(texts) if holdout_every and n % holdout_every == holdout_every - 1]
     train = [t for t in texts if t not in held] or texts
     t0 = time.perf_counter()

@@ -91,7 +91,8 @@ class LayerMap:
 
     @classmethod
     def interpolate(cls, master: Any, slave: Any) -> "LayerMap":
-        """The blog's fill-in variant: every master layer gets the proportionally placed slave layer."""
+        """The blog's fill-in variant: every master layer gets the proportionally placed slave layer (first to first,
+        last to last; a one-layer master takes the slave's first layer)."""
         lm, ls = _layers(master), _layers(slave)
         if lm == 1:
             return cls({0: 0}, "interpolate", lm, ls)

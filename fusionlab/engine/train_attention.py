@@ -72,7 +72,8 @@ def train_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     for sc, vis, _, gate in parts:
         top = torch.where(vis, sc, neg).amax(-1)
         if gate is not None:
-            top = top + (math.log(float(gate)) if float(gate) > 0 else neg)
+            g = float(gate.detach())  # the max is a constant shift: no gradient through it
+            top = top + (math.log(g) if g > 0 else neg)
         tops.append(top)
     m = torch.stack(tops).amax(0).detach()  # (B, H, Q): finite (every query sees at least its own key)
     num, den = 0.0, 0.0

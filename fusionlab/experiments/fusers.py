@@ -46,6 +46,8 @@ class FuserPlan:
     offload_lengths: list[int]
     width: int = 32
     tokens: int = 256
+    sweep_gates: tuple[float, ...] = (0.1, 0.3, 1.0)
+    """lstsq gates of the training-free sweep (gate 0 is the master alone, measured once)."""
     train: bool = False
     """Train where no committed fuser exists (else: say so and skip that setting)."""
     lr: float = 2e-3
@@ -54,7 +56,8 @@ class FuserPlan:
 def plan(size: str) -> FuserPlan:
     slaves = ["smollm2-135m-instruct", "gemma3-270m"]
     if size == "quick":
-        return FuserPlan(slaves[:1], ["slave", "shuffled"], False, 512, 2, 3, 3, [512], [256], tokens=128, train=True)
+        return FuserPlan(slaves[:1], ["slave", "shuffled"], False, 512, 2, 3, 2, [512], [256], tokens=128, train=True,
+                         sweep_gates=(0.3, 1.0))
     if size == "default":
         return FuserPlan(slaves, list(VARIANTS), True, 8_000, 12, 16, 8, [1024], [256, 1024], train=True)
     if size == "full":

@@ -206,7 +206,7 @@ def plan(size: str) -> GridPlan:
     """The grid for a run size ('quick' | 'default' | 'full'); full reuses every cached default cell."""
     needles = ["en-city", "en-number", "zh-city"]
     if size == "quick":
-        return GridPlan([512, 1024], [10, 90], ["en-city", "zh-city"], [{"theta_factor": 4.0}], False, 16)
+        return GridPlan([256, 512], [50], ["en-city", "zh-city"], [{"theta_factor": 4.0}], False, 8)
     if size == "default":
         return GridPlan([1024, 2048], [10, 50, 90], needles, [{"theta_factor": 4.0}], True, 24)
     if size == "full":

@@ -8,18 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
+import torch
 
 from ..analysis import kv
+from ..engine.rope import apply_rope
 from .claim import Claim
+from .kv_budget import weights_gb  # weight bytes alone, GB (1e9)
 
 NB = "08_remaining_claims"
-GB = 1e9
-
-
-def weights_gb(params: float, bits: float) -> float:
-    """Weight bytes alone (no activations, no KV, no runtime), in GB (1e9)."""
-    return params * bits / 8 / GB
 
 
 def oom_claim(params: float = 35e9, card_gb: float = 24.0) -> Claim:
@@ -71,19 +67,17 @@ def rope_neighbour_distance(theta: float, head_dim: int, offsets: list[int], see
 
     Rotation is a group action: R(Δ+1)k vs R(Δ)k differ by R(1), whatever Δ is, so this is the same at every range;
     computed here rather than asserted."""
-    rng = np.random.default_rng(seed)
-    k = rng.standard_normal((n_keys, head_dim))
-    freqs = theta ** (-np.arange(0, head_dim, 2) / head_dim)  # (D/2,)
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(1, 1, n_keys, head_dim, generator=g, dtype=torch.float64)  # (B, H, T, D): T random keys
+    freqs = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (D/2,)
 
-    def rotate(x: np.ndarray, pos: int) -> np.ndarray:  # the half-split layout of Llama / Qwen
-        a, b = x[:, : head_dim // 2], x[:, head_dim // 2:]
-        c, s = np.cos(pos * freqs), np.sin(pos * freqs)
-        return np.concatenate([a * c - b * s, a * s + b * c], axis=1)
+    def rotate(pos: int) -> torch.Tensor:  # every key at position `pos`, through the engine's own RoPE
+        angles = torch.cat([pos * freqs, pos * freqs]).expand(1, n_keys, head_dim)  # (B, T, D), rotate-half layout
+        return apply_rope(k, angles.cos(), angles.sin())[0, 0]  # (T, D)
 
     out = {}
     for d in offsets:
-        x, y = rotate(k, d), rotate(k, d + 1)
-        cos = (x * y).sum(1) / (np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1))
+        cos = torch.nn.functional.cosine_similarity(rotate(d), rotate(d + 1), dim=-1)  # (T,)
         out[d] = float((1 - cos).mean())
     return out
 

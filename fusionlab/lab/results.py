@@ -1,6 +1,8 @@
 """Results on disk: tables as CSV, each notebook's claims as JSON (what the README's ledger is built from).
 
 Files live in `paths.results_dir()`: `<notebook>_<table>.<run size>.csv` and `claims/<notebook>.<run size>.json`.
+QUICK runs (the tests) write theirs to the ignored `quick/` folder inside it, as figures go to figures/quick/: running
+the tests never rewrites a committed result, and the ledger is built from default and full runs only.
 """
 from __future__ import annotations
 
@@ -19,14 +21,22 @@ from ..paths import results_dir
 from ..runsize import SIZES
 
 
+def _home_for(run_size: str, folder: Path | None) -> Path:
+    """An explicit folder as given; otherwise the results folder, or its ignored quick/ for QUICK runs."""
+    if folder is not None:
+        return Path(folder)
+    return results_dir() / "quick" if run_size == "quick" else results_dir()
+
+
 def save_table(df: pd.DataFrame, name: str, folder: Path | None = None) -> Path:
-    """`name`.csv in the results folder, written atomically."""
-    return atomic_write_text(Path(folder or results_dir()) / f"{name}.csv", df.to_csv(index=False))
+    """`name`.csv (`<notebook>_<table>.<run size>`) in the results folder, written atomically."""
+    size = name.rsplit(".", 1)[-1] if "." in name else ""
+    return atomic_write_text(_home_for(size, folder) / f"{name}.csv", df.to_csv(index=False))
 
 
 def save_claims(notebook: str, claims: list[Claim], run_size: str, folder: Path | None = None) -> Path:
-    """One JSON per notebook and run size; the ledger prefers full > default > quick runs."""
-    folder = Path(folder or results_dir() / "claims")
+    """One JSON per notebook and run size; the ledger prefers full over default runs (QUICK ones live in the ignored quick/)."""
+    folder = Path(folder) if folder is not None else _home_for(run_size, None) / "claims"
     missing = [c.claim for c in claims if not c.claim_id]
     if missing:
         raise FusionLabError(f"claims without a claim_id (C01-C73 from data/claims.csv, or X..): {missing}.")

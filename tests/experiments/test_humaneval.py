@@ -17,19 +17,15 @@ def test_checker_scores_right_wrong_hang_and_crash():
         {"setting": "s", "task_id": task["task_id"], "completion": "    while True:\n        pass\n"},
         {"setting": "s", "task_id": task["task_id"], "completion": "    import os\n    os._exit(3)\n"},
     ])
-    res = he.check(gens.iloc[[0]], timeout=2)
-    assert res["passed"].tolist() == [True] and res["kind"].tolist() == ["passed"]
-    res = he.check(gens.iloc[[1]], timeout=2)
-    assert res["passed"].tolist() == [False] and res["result"].iloc[0].startswith("failed")
-    assert res["kind"].tolist() == ["wrong or crashed"]
+    broken = gens.iloc[[1]].assign(completion="    return (numbers\n")  # unclosed bracket: never runs
+    res = he.check(pd.concat([gens.iloc[[0, 1, 3]], broken]), timeout=2)  # one checker process for four outcomes
+    assert res["passed"].tolist() == [True, False, False, False]
+    kinds = res["kind"].tolist()
+    assert [kinds[0], kinds[1], kinds[3]] == ["passed", "wrong or crashed", "syntax error"]  # [2]: os._exit, a crash
+    assert res["result"].iloc[1].startswith("failed")
     res = he.check(gens.iloc[[2]], timeout=1)
     assert res["passed"].tolist() == [False] and res["result"].iloc[0] == "timed out"
     assert res["kind"].tolist() == ["timed out"]
-    res = he.check(gens.iloc[[3]], timeout=2)
-    assert res["passed"].tolist() == [False]
-    broken = gens.iloc[[1]].assign(completion="    return (numbers\n")  # unclosed bracket: never runs
-    res = he.check(broken, timeout=2)
-    assert res["passed"].tolist() == [False] and res["kind"].tolist() == ["syntax error"]
     both = he.check(pd.concat([gens.iloc[[0, 1]], gens.iloc[[0]].assign(setting="t")]), timeout=2)  # same task twice
     assert len(both) == 3 and both["passed"].tolist() == [True, False, True]
 

@@ -19,3 +19,23 @@ def test_claims_and_ledger(tmp_path):
     assert results.best_table("nothing", folder=tmp_path) is None
     with pytest.raises(FusionLabError, match="verdict must be one of"):
         results.Claim("a", "b", "c", "d", "e", "f", "great", "nb")
+
+
+def test_quick_results_go_to_the_ignored_folder(monkeypatch, tmp_path):
+    """QUICK runs (the tests) never rewrite a committed result: their tables and claims land in results/quick/,
+    which git ignores and the ledger never reads."""
+    import subprocess
+
+    import pandas as pd
+
+    from fusionlab import paths
+
+    monkeypatch.setattr(results, "results_dir", lambda: tmp_path)
+    t = results.save_table(pd.DataFrame({"a": [1]}), "nb_table.quick")
+    d = results.save_table(pd.DataFrame({"a": [1]}), "nb_table.default")
+    c = results.save_claims("nb", [results.Claim("x", "s", "v", "m", "n", "setup", "supported", "nb", "C35")], "quick")
+    assert t.parent == tmp_path / "quick" and c.parent == tmp_path / "quick" / "claims" and d.parent == tmp_path
+    assert results.ledger(tmp_path / "claims", with_open=False).empty
+    probe = paths.results_dir() / "quick" / "x.csv"
+    ignored = subprocess.run(["git", "check-ignore", "-q", str(probe)], cwd=paths.repo_root())
+    assert ignored.returncode == 0
