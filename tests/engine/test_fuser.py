@@ -2,12 +2,15 @@
 the loss falls, training is bit-reproducible, files round-trip and refuse other pairs, resume continues exactly."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 import fusionlab as fl
 from fusionlab.engine.fuser import FuserConfig, LearnedFuser, match_table
 from fusionlab.engine.train import TrainChunk, TrainConfig, TrainingDiverged, _prepare, _slots, loss_of, train_fuser
+from fusionlab.engine.train_attention import TrainSlots, train_attention
 from fusionlab.errors import FusionLabError
 
 from conftest import master_logits
@@ -200,3 +203,30 @@ def test_closed_gate_with_dominant_slots_stays_finite_and_has_a_gradient():
     assert torch.isfinite(out).all() and torch.allclose(out, ref, atol=1e-6)
     out.sum().backward()
     assert torch.isfinite(gate.grad) and gate.grad != 0
+
+
+def test_gate_gradients_are_clipped_elementwise_and_the_rest_by_norm():
+    """A concat gate's gradient at g = 0 is e^(slot score - own max): 1e34 or +-inf on real models for queries whose own
+    keys all score far below a slot. It is clipped elementwise, sign kept, so it cannot zero the residual's update
+    through a global norm; a nan still reports divergence."""
+    from fusionlab.engine.train_loop import clip_gradients
+
+    gate, a, b = (torch.zeros(4, requires_grad=True), torch.zeros(3, requires_grad=True),
+                  torch.zeros(2, requires_grad=True))
+    gate.grad = torch.tensor([1e34, -float("inf"), 0.3, -2.0])
+    a.grad, b.grad = torch.tensor([3.0, 0.0, 4.0]), torch.tensor([0.0, 0.0])
+    norm = clip_gradients([gate], [a, b], 1.0)
+    assert gate.grad.tolist() == [1.0, -1.0, pytest.approx(0.3), -1.0]
+    assert norm == pytest.approx(5.0) and a.grad.tolist() == pytest.approx([0.6, 0.0, 0.8])
+    gate.grad = torch.tensor([float("nan"), 0.0, 0.0, 0.0])
+    assert math.isnan(clip_gradients([gate], [a], 1.0))
+
+    # the real situation, from the training attention itself: own keys all far below a slot, the gate closed
+    q = torch.ones(1, 1, 1, 4)
+    own_k, slot_k = -60 * torch.ones(1, 1, 1, 4), torch.zeros(1, 1, 3, 4)
+    g = torch.zeros((), requires_grad=True)
+    slots = [TrainSlots(slot_k, torch.randn(1, 1, 3, 4), torch.tensor([0, 0, 0]), g, "concat")]
+    out = train_attention(q, own_k, torch.ones(1, 1, 1, 4), torch.tensor([5]), slots, 0.5, None, None)
+    assert torch.equal(out, torch.ones(1, 1, 1, 4))  # g = 0: the master's own output exactly
+    out.sum().backward()
+    assert abs(float(g.grad)) > 1e30  # the raw gradient a global norm clip would turn into nothing for the rest
