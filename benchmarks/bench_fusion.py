@@ -27,7 +27,7 @@ from fusionlab.engine.fit import calibration_paragraphs
 from fusionlab.engine.kv_capture import capture_kv
 from fusionlab.experiments.ttft import measure
 
-from paired import paired_ratio
+from fusionlab.analysis.paired_timing import paired_ratio
 
 OUT = Path(__file__).parent / "results"
 

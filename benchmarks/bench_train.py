@@ -20,7 +20,7 @@ from fusionlab.engine.fuser import FuserConfig, LearnedFuser
 from fusionlab.engine.train import TrainChunk, _prepare, loss_of
 from fusionlab.experiments import corpora
 
-from paired import paired_ratio
+from fusionlab.analysis.paired_timing import paired_ratio
 
 OUT = Path(__file__).parent / "results"
 

@@ -32,7 +32,16 @@ class LM:
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        """Where inputs go: the parameters' device, or, when accelerate's hooks hold the weights (offloading leaves the
+        parameters on 'meta'), the hooks' execution device."""
+        device = next(self.model.parameters()).device
+        if device.type != "meta":
+            return device
+        for module in self.model.modules():
+            ex = getattr(getattr(module, "_hf_hook", None), "execution_device", None)
+            if ex is not None:
+                return torch.device("cuda", ex) if isinstance(ex, int) else torch.device(ex)
+        return device
 
     @property
     def dtype(self) -> torch.dtype:

@@ -67,3 +67,20 @@ def memory_claim(rates: pd.DataFrame, eff: pd.DataFrame, lengths: list[int]) -> 
                           f"{e['fused, matched RoPE']}, {others}",
                  n=f"grid {lengths}", setup="Qwen 0.5B, NIAH on real prose with distractors", verdict=verdict,
                  claim_id="C34", notebook=NB)
+
+
+def degradation_claim(rates: pd.DataFrame, run_size: str, notebook: str = "08_remaining_claims") -> Claim:
+    """C73 'long-context quality degrades even with KV optimisations', read from notebook 02's saved rates (the plain
+    model, no KV optimisation): supported if the single model's accuracy at the longest length lies below the
+    shortest's (Wilson intervals apart); otherwise inconclusive while the grid stays inside the model's trained range
+    (a flat curve up to 8K says nothing about 32K and beyond)."""
+    single = rates[rates["setting"] == "single"].sort_values("length")
+    a, z = single.iloc[0], single.iloc[-1]
+    drop = z["correct_hi"] < a["correct_lo"]
+    curve = ", ".join(f"{int(r['length'])}: {r['correct']:.0%} [{r['correct_lo']:.0%}, {r['correct_hi']:.0%}]"
+                      for _, r in single.iterrows())
+    return Claim("long-context quality degrades even with KV optimisations", "B§4.4", "qualitative",
+                 f"Qwen 0.5B alone, NIAH accuracy by length: {curve} (no drop inside the grid; its trained range is 32K)"
+                 if not drop else f"Qwen 0.5B alone, NIAH accuracy by length: {curve}",
+                 f"n={int(a['n'])} per length", f"notebook 02's {run_size} run, read from its saved rates",
+                 "supported" if drop else "inconclusive", notebook, "C73")

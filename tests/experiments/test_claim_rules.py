@@ -112,3 +112,16 @@ def test_memory_and_kv_claims():
     assert kv_budget.hybrid_claim(0.245, 0.267).verdict == "supported"
     assert kv_budget.hybrid_claim(0.40, 0.45).verdict == "partly supported"
     assert "36 GB bf16" in kv_budget.stitched_fit_claim().measured
+
+
+def test_degradation_rule_on_hand_made_rates():
+    from fusionlab.experiments.niah_claims import degradation_claim
+
+    def rates(correct: list[tuple[float, float, float]]) -> pd.DataFrame:
+        return pd.DataFrame([{"setting": "single", "length": 1024 * 2**k, "n": 9, "correct": c, "correct_lo": lo,
+                              "correct_hi": hi} for k, (c, lo, hi) in enumerate(correct)])
+    flat = rates([(0.9, 0.6, 0.98), (1.0, 0.7, 1.0)])
+    assert degradation_claim(flat, "full").verdict == "inconclusive"
+    drop = rates([(1.0, 0.7, 1.0), (0.5, 0.3, 0.6), (0.1, 0.02, 0.4)])
+    c = degradation_claim(drop, "full")
+    assert c.verdict == "supported" and c.claim_id == "C73" and "4096: 10%" in c.measured
