@@ -13,6 +13,7 @@ import random
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 from typing import Any, Callable
 
@@ -51,19 +52,27 @@ def default_cache() -> Path:
 
 
 def generate_all(name: str, key: str, build: Callable[[], FusedModel], tasks: list[dict[str, Any]],
-                 max_new_tokens: int = 256, cache: Path | None = None, batch_size: int = 8) -> pd.DataFrame:
+                 max_new_tokens: int = 256, cache: Path | None = None, batch_size: int = 8,
+                 temperature: float | None = None, samples: int = 1) -> pd.DataFrame:
     """Greedy completions of each task's prompt (raw continuation, standard stop strings), cached; `batch_size`
-    prompts at a time (each row equals its prompt alone; `seconds` is a batch's wall time shared among its rows)."""
+    prompts at a time (each row equals its prompt alone; `seconds` is a batch's wall time shared among its rows).
+    With `temperature`: `samples` sampled completions per task, each seeded by (task, sample index) alone, so a
+    sample is the same whatever batch it runs in (column `sample`)."""
     from ..engine import checks
 
     checks.integer("max_new_tokens", max_new_tokens, 1)
     checks.integer("batch_size", batch_size, 1)
+    checks.integer("samples", samples, 1)
+    if temperature is not None:
+        checks.number("temperature", temperature, 0.0, low_open=True)
     if not tasks or not all(isinstance(t, dict) and "task_id" in t and "prompt" in t for t in tasks):
         raise FusionLabError("tasks must be a non-empty list of HumanEval problems (humaneval.subset(...)).")
 
     def complete_batch(fused: FusedModel, cs: list[Cell]) -> list[dict[str, Any]]:
         t0 = time.perf_counter()
-        outs = fused.generate([c.item["prompt"] for c in cs], max_new_tokens=max_new_tokens, stop=STOP)
+        sampling = {} if temperature is None else {"do_sample": True, "temperature": temperature,
+                                                   "seed": [c.item["seed"] for c in cs]}
+        outs = fused.generate([c.item["prompt"] for c in cs], max_new_tokens=max_new_tokens, stop=STOP, **sampling)
         dt = (time.perf_counter() - t0) / len(cs)
         return [{"completion": o, "seconds": dt, "new_tokens": len(fused.master.tokenizer(o)["input_ids"]),
                  "extra_kv_bytes": sum(fused.row_slot_bytes[i].values()), "batch": len(cs)}
@@ -72,8 +81,13 @@ def generate_all(name: str, key: str, build: Callable[[], FusedModel], tasks: li
     def complete(fused: FusedModel, c: Cell) -> dict[str, Any]:
         return complete_batch(fused, [c])[0] | {"batch": 1}
 
-    cells = [Cell(cell_key(key, t["task_id"], t["prompt"], max_new_tokens), {"setting": name, "task_id": t["task_id"]},
-                  t) for t in tasks]
+    if temperature is None:  # greedy: the keys every earlier run cached under
+        cells = [Cell(cell_key(key, t["task_id"], t["prompt"], max_new_tokens),
+                      {"setting": name, "task_id": t["task_id"]}, t) for t in tasks]
+    else:
+        cells = [Cell(cell_key(key, t["task_id"], t["prompt"], max_new_tokens, temperature, k),
+                      {"setting": name, "task_id": t["task_id"], "temperature": temperature, "sample": k},
+                      {**t, "seed": zlib.crc32(f"{t['task_id']}|{k}".encode())}) for t in tasks for k in range(samples)]
     store = CellCache(cache or default_cache())
     return pd.DataFrame(run_cells(store, cells, lambda: closing(build()), complete, desc=name,
                                   compute_batch=complete_batch, batch_size=batch_size,
