@@ -19,3 +19,5 @@ def test_gpu_claims_script_dry_run_on_cpu(tmp_path):
         assert r[f"fused_{dtype}"]["first_token_s"] > 0 and r[f"fused_{dtype}"]["decode_tok_s"] > 0
         assert set(r[f"cache_{dtype}"]) == {"dynamic", "static"}
         assert r[f"cache_{dtype}"]["static"]["allocations"] is None  # CUDA counters only on a GPU
+    assert r["training"]["error"] == "" and r["training"]["steps"] >= 1  # C36's training path runs
+    assert r["streams_float32"] == {"one_stream_s": None, "side_stream_s": None}  # streams: CUDA only

@@ -59,7 +59,7 @@ def claim_ids(path: Path | None = None) -> pd.DataFrame:
     return pd.read_csv(path or asset("claims.csv"))
 
 
-GPU_PREPARED = ("C14", "C15", "C28", "C29", "C50")
+GPU_PREPARED = ("C14", "C15", "C27", "C28", "C29", "C36", "C47", "C50")
 """Claims benchmarks/gpu_claims.py measures on a lent GPU (its JSON goes to benchmarks/results/gpu_claims.json)."""
 
 

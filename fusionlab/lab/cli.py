@@ -65,7 +65,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
     from .readme import write_ledger
     from .runner import run_all
 
-    times = run_all(full=args.full or full())  # `lab --full` or FUSIONLAB_FULL=1
+    times = run_all(full=args.full or full(), only=args.only)  # `lab --full` or FUSIONLAB_FULL=1
     write_ledger()
     print("notebook times:", ", ".join(f"{n} {t:.0f}s" for n, t in times))
     return 0
@@ -159,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     f.set_defaults(fn=cmd_fetch)
     lab = sub.add_parser("lab", help="execute every notebook headless, write figures and the README ledger")
     lab.add_argument("--full", action="store_true", help="full grids (hours on CPU)")
+    lab.add_argument("--only", nargs="+", default=None, metavar="NN", help="run only these notebooks, e.g. --only 04 07")
     lab.set_defaults(fn=cmd_lab)
     sub.add_parser("ledger", help="regenerate the README claims table from saved results").set_defaults(fn=cmd_ledger)
     fg = sub.add_parser("figures", help="list exported figures: manifest, run size, PNG dpi, PDF fonts embedded")

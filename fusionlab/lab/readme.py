@@ -12,7 +12,8 @@ import pandas as pd
 
 from ..experiments import humaneval as he
 from ..paths import bench_results_dir, readme_path
-from .results import VERDICTS, best_table, ledger
+from .results import VERDICTS, best_table, ledger, lab_times
+from .scorecard import posts_claims, verdict_counts
 
 
 def ledger_markdown(df: pd.DataFrame) -> str:
@@ -24,9 +25,9 @@ def ledger_markdown(df: pd.DataFrame) -> str:
 
     df = df.assign(_order=df["claim_id"].map(order)).sort_values(["_order", "notebook"], kind="stable")
     cols = ["claim_id", "claim", "seed_value", "measured", "n", "verdict", "notebook", "run"]
-    posts = df[df["claim_id"].astype(str).str.startswith("C")].drop_duplicates("claim_id", keep="first")
-    counts = posts["verdict"].value_counts()
-    summary = ", ".join(f"{v} {int(counts[v])}" for v in VERDICTS if v in counts)
+    posts = posts_claims(df)
+    counts = verdict_counts(df)
+    summary = ", ".join(f"{v} {int(counts[v])}" for v in VERDICTS if counts[v])
     lines = [f"The posts' {len(posts)} claims: {summary} (a claim with several rows counts once, by its first row).",
              "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for _, r in df.iterrows():
@@ -154,11 +155,32 @@ def reliability_markdown(folder: Path | None = None) -> str:
     return "\n".join(lines) + "\n\nfrom `benchmarks/results/reliability.json` (`python benchmarks/reliability.py`)."
 
 
+def labtimes_markdown(folder: Path | None = None) -> str:
+    """Wall time of each notebook in the last lab run of each size (`fusionlab lab` records them)."""
+    runs = {size: lab_times(size, folder) for size in ("default", "full")}
+    runs = {k: v for k, v in runs.items() if v}
+    if not runs:
+        return "_Not measured yet: run `fusionlab lab`._"
+    names = sorted({n for r in runs.values() for n in r["notebooks"]})
+    head = "| notebook | " + " | ".join(f"{k} run (s)" for k in runs) + " |"
+    lines = [head, "|---|" + "---|" * len(runs)]
+    for n in names:
+        lines.append(f"| `{n.removesuffix('.ipynb')}` | " + " | ".join(
+            f"{r['notebooks'][n]['seconds']:.0f} ({r['notebooks'][n]['date'][:10]})" if n in r["notebooks"] else "-"
+            for r in runs.values()) + " |")
+    lines.append("| **all** | " + " | ".join(f"**{sum(x['seconds'] for x in r['notebooks'].values()) / 60:.0f} min**"
+                                             for r in runs.values()) + " |")
+    m = next(iter(runs.values()))["machine"]
+    lines += ["", f"{m['cpus']} CPU cores, torch {m['torch']}; each notebook's time from its latest run of that size "
+                  "(a run resumes from the cell caches, so a re-run after an interrupted one is shorter)."]
+    return "\n".join(lines)
+
+
 def blocks() -> dict[str, str]:
     """Every generated README block, rendered from the saved results: name -> markdown."""
     return {"ledger": ledger_markdown(ledger()), "bench": bench_markdown(), "loadtimes": loadtimes_markdown(),
             "projector": projector_markdown(), "humaneval": humaneval_markdown(),
-            "reliability": reliability_markdown()}
+            "reliability": reliability_markdown(), "labtimes": labtimes_markdown()}
 
 
 def write_ledger(readme: Path | None = None) -> str:

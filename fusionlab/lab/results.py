@@ -77,3 +77,21 @@ def best_table(stem: str, folder: Path | None = None) -> tuple[pd.DataFrame, str
         if f.exists():
             return pd.read_csv(f), size
     return None
+
+
+def record_lab_time(notebook: str, seconds: float, run_size: str, folder: Path | None = None) -> Path:
+    """Add one notebook's wall time to lab_times.<run size>.json (the README's notebook-cost table reads it)."""
+    import os
+
+    import torch
+
+    path = Path(folder or results_dir()) / f"lab_times.{run_size}.json"
+    rec = json.loads(path.read_text()) if path.exists() else {"run_size": run_size, "notebooks": {}}
+    rec["machine"] = {"cpus": os.cpu_count(), "torch": torch.__version__}
+    rec["notebooks"][notebook] = {"seconds": round(seconds, 1), "date": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    return atomic_write_text(path, json.dumps(rec, indent=2, sort_keys=True))
+
+
+def lab_times(run_size: str, folder: Path | None = None) -> dict[str, Any] | None:
+    path = Path(folder or results_dir()) / f"lab_times.{run_size}.json"
+    return json.loads(path.read_text()) if path.exists() else None

@@ -56,14 +56,23 @@ def execute(path: Path, out_dir: Path | None = None, timeout: int | None = 3600,
     return out
 
 
-def run_all(full: bool = False, quick: bool = False) -> list[tuple[str, float]]:
+def run_all(full: bool = False, quick: bool = False, only: list[str] | None = None) -> list[tuple[str, float]]:
+    """Every notebook in order (or those whose name starts with one of `only`, e.g. ['04', '07']); each one's wall
+    time is recorded for the README (QUICK runs are not)."""
+    from .results import record_lab_time
+
     env = {"FUSIONLAB_FULL": "1" if full else "0", "FUSIONLAB_QUICK": "1" if quick else "0"}
+    size = "quick" if quick else ("full" if full else "default")
     times = []
-    paths = notebook_paths()
+    paths = [p for p in notebook_paths() if not only or any(p.name.startswith(o) for o in only)]
+    if only and not paths:
+        raise FusionLabError(f"no notebook matches {only}; names start with two digits, e.g. --only 04 07.")
     for n, path in enumerate(paths, 1):
         print(f"[{n}/{len(paths)}] {path.name} ...", flush=True)
         t0 = time.perf_counter()
         out = execute(path, env=env, timeout=None if full else 3600)  # a full 8K grid cell runs for hours
         times.append((path.name, time.perf_counter() - t0))
+        if size != "quick":
+            record_lab_time(path.name, times[-1][1], size)
         print(f"[{n}/{len(paths)}] {path.name} done in {times[-1][1]:.0f} s -> {out.relative_to(repo_root().resolve())}", flush=True)
     return times
