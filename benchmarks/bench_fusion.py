@@ -40,28 +40,36 @@ def long_text(lm: fl.LM, n: int, offset: int = 0) -> str:
     return lm.tokenizer.decode(ids[0, :n])
 
 
-def master_decode(m: fl.LM, prompts: list[str], steps: int) -> float:
+def no_sync() -> None:
+    """CPU work is done when a call returns; on CUDA pass torch.cuda.synchronize to time the kernels too."""
+
+
+def master_decode(m: fl.LM, prompts: list[str], steps: int, sync=no_sync) -> float:  # noqa: ANN001
     """transformers' own left-padded batch: prefill (untimed), then `steps` decode steps (timed)."""
     enc = m.tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
-    ids, mask = enc["input_ids"], enc["attention_mask"]
+    ids, mask = enc["input_ids"].to(m.device), enc["attention_mask"].to(m.device)
     pos = (mask.cumsum(1) - 1).clamp(min=0)
     cache = DynamicCache(config=m.model.config)
     m.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1)
-    tok = torch.full((len(prompts), 1), m.tokenizer.encode(" the")[0])
+    tok = torch.full((len(prompts), 1), m.tokenizer.encode(" the")[0], device=m.device)
+    sync()
     t = time.perf_counter()
     for _ in range(steps):
         mask = torch.cat([mask, torch.ones_like(tok)], dim=1)
         pos = pos[:, -1:] + 1
         m.model(input_ids=tok, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1)
+    sync()
     return time.perf_counter() - t
 
 
-def fused_decode(f: fl.FusedModel, prompts: list[str], steps: int) -> float:
+def fused_decode(f: fl.FusedModel, prompts: list[str], steps: int, sync=no_sync) -> float:  # noqa: ANN001
     seq, _, _ = f.prefill(prompts if len(prompts) > 1 else prompts[0], max_new_tokens=steps)
-    tok = torch.full((len(prompts), 1), f.master.tokenizer.encode(" the")[0])
+    tok = torch.full((len(prompts), 1), f.master.tokenizer.encode(" the")[0], device=f.master.device)
+    sync()
     t = time.perf_counter()
     for _ in range(steps):
         f.decode_one_token(seq, tok)
+    sync()
     return time.perf_counter() - t
 
 

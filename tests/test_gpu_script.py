@@ -21,3 +21,20 @@ def test_gpu_claims_script_dry_run_on_cpu(tmp_path):
         assert r[f"cache_{dtype}"]["static"]["allocations"] is None  # CUDA counters only on a GPU
     assert r["training"]["error"] == "" and r["training"]["steps"] >= 1  # C36's training path runs
     assert r["streams_float32"] == {"one_stream_s": None, "side_stream_s": None}  # streams: CUDA only
+
+
+def test_gpu_batch_script_dry_run_on_cpu(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(clone_root() / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("gpu_batch", clone_root() / "benchmarks" / "gpu_batch.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "batch.json"
+    mod.main(["--device", "cpu", "--dtype", "float32", "--master", "tiny-qwen2", "--slave", "tiny-llama",
+              "--batches", "1", "2", "--steps", "2", "--max-reps", "3", "--out", str(out)])
+    r = json.loads(out.read_text())
+    a = r["anchors"]
+    assert a["no_slave"] == 0 and a["self_fusion_live"] < 1e-4 and a["replace_self"] < 1e-4
+    assert a["theta_shifted_rerotated_layer0"] < 1e-4 and a["batch_rows_vs_alone_max"] < 1e-4 and a["batch_greedy_equal"]
+    assert set(r["batch_decode"]) == {"1", "2"} and r["batch_decode"]["2"]["fused_tok_s"] > 0
