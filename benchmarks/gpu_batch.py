@@ -12,7 +12,6 @@ Differences are reported as measured (bf16 rounds differently from fp32; the CPU
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from fusionlab.models.variants import rope_variant
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_fusion import fused_decode, inverse, long_text, master_decode  # noqa: E402
+from gpu_claims import write  # noqa: E402
 
 PROMPTS = ["Hi.", "The quick brown fox jumps over the lazy dog near the river bank, twice over.",
            "def f(x):\n    return x * 2  # 注释", "A medium sized prompt about maps and rivers."]
@@ -94,10 +94,7 @@ def main(argv: list[str] | None = None) -> dict:
            "anchors": anchors(m, s, args.master, args.dtype, args.device),
            "batch_decode": batch_bench(m, s, args.batches, args.steps, args.max_reps,
                                        torch.cuda.synchronize if cuda else (lambda: None))}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(res, indent=2))
-    print(json.dumps(res, indent=2))
-    return res
+    return write(res, args.out)
 
 
 if __name__ == "__main__":

@@ -164,8 +164,13 @@ def main(argv: list[str] | None = None) -> dict:
         del m, f, s
     m, s = fl.load(args.master, device=args.device), fl.load(args.slave, device=args.device)
     res["training"] = training_steps(m, s, 3)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(res, indent=2))
+    return write(res, args.out)
+
+
+def write(res: dict, out: str) -> dict:
+    """The JSON the lab reads (fetched from the device machine into benchmarks/results/), also printed."""
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(res, indent=2))
     print(json.dumps(res, indent=2))
     return res
 

@@ -22,6 +22,7 @@ from ..analysis.stats import bootstrap_ci, mcnemar, wilson
 from ..engine.lm import LM
 from .claim import Claim
 from .kv_budget import QWEN3_NEXT_80B, weights_gb
+from .post_arithmetic import state_over_length
 
 NB = "08_remaining_claims"
 
@@ -192,10 +193,8 @@ def window_niah_verdict(rows: list[dict[str, Any]]) -> tuple[str, dict[str, Any]
 # --- C61 and C68: arithmetic ----------------------------------------------------------------------------------
 def linear_state_claim(lengths: tuple[int, ...] = (4_096, 131_072, 1_048_576)) -> Claim:
     """C61: per layer type, cache bytes of Qwen3-Next-80B's published geometry (3 linear : 1 full) over length."""
-    by = {t: kv.budget(QWEN3_NEXT_80B, t).by_type().set_index("type")["bytes"] for t in lengths}
-    lin = [int(b["linear_attention"]) for b in by.values()]
-    full = [int(b["full_attention"]) for b in by.values()]
-    verdict = "supported" if len(set(lin)) == 1 and full[-1] > full[0] else "not supported"
+    lin, full, fixed = state_over_length(QWEN3_NEXT_80B, "linear_attention", lengths)
+    verdict = "supported" if fixed else "not supported"
     return Claim("linear attention is O(n) and keeps no full KV", "B§1.3", "qualitative",
                  f"36 linear-attention layers hold {lin[0] / 2**20:.1f} MiB at every length {list(lengths)} (a fixed "
                  f"state: per token O(1) work, O(n) over a sequence); the 12 full layers grow {full[0] / 2**20:,.0f} → "

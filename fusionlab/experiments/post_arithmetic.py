@@ -96,15 +96,21 @@ def rope_range_claim(theta: float = 1e6, head_dim: int = 64,
                  verdict, NB, "C38")
 
 
+def state_over_length(cfg: dict[str, Any], kind: str, lengths: tuple[int, ...]) -> tuple[list[int], list[int], bool]:
+    """`kv.budget` bytes of the `kind` layers and of the full-attention layers at each length, and whether the
+    former stay fixed while the latter grow."""
+    by_len = [kv.budget(cfg, t).by_type().set_index("type")["bytes"] for t in lengths]
+    state, full = [int(b[kind]) for b in by_len], [int(b["full_attention"]) for b in by_len]
+    return state, full, len(set(state)) == 1 and full[-1] > full[0]
+
+
 def ssm_state_claim(lengths: tuple[int, ...] = (1_024, 32_768, 1_048_576)) -> Claim:
     """C66: an SSM layer's state is fixed-size, no KV: `kv.budget` over length for a Jamba-like hybrid config."""
     cfg: dict[str, Any] = {"num_hidden_layers": 8, "num_attention_heads": 32, "num_key_value_heads": 8,
                            "head_dim": 128, "hidden_size": 4096, "mamba_d_state": 16, "mamba_d_conv": 4,
                            "mamba_expand": 2, "layer_types": ["mamba"] * 7 + ["full_attention"]}
-    by_len = {t: kv.budget(cfg, t).by_type().set_index("type")["bytes"] for t in lengths}
-    mamba = [int(b["mamba"]) for b in by_len.values()]
-    full = [int(b["full_attention"]) for b in by_len.values()]
-    verdict = "supported" if len(set(mamba)) == 1 and full[-1] > full[0] else "not supported"
+    mamba, full, fixed = state_over_length(cfg, "mamba", lengths)
+    verdict = "supported" if fixed else "not supported"
     return Claim("an SSM layer's state is fixed-size, no KV", "B§2.1", "qualitative",
                  f"7 mamba layers hold {mamba[0] / 2**20:.1f} MiB at every length {list(lengths)}; the one attention "
                  f"layer grows {full[0] / 2**20:.0f} → {full[-1] / 2**20:,.0f} MiB", "- (exact arithmetic)",
