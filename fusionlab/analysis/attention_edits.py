@@ -87,9 +87,17 @@ def causal_band(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | Non
     return own[..., -q_len:, -k_len:] & band
 
 
-def fake_quantize(x: torch.Tensor, bits: int, group: int) -> torch.Tensor:
-    """Round x (..., D) to `bits`-bit integers per group of `group` channels (asymmetric min-max, fp16 scale and zero
-    point as a quantized cache stores them) and back: what attention then reads from such a cache."""
+def fake_quantize(x: torch.Tensor, bits: int, group: int, axis: int = -1) -> torch.Tensor:
+    """Round x to `bits`-bit integers per group of `group` entries along `axis` (-1: channels of one token; -2: one
+    channel over tokens, KIVI's choice for keys, whose outliers sit in fixed channels), asymmetric min-max with an
+    fp16 scale and zero point as a quantized cache stores them, and back: what attention then reads from it."""
+    if axis == -2:  # quantize along tokens: pad T to a multiple of the group, quantize the transpose, cut
+        t = x.shape[-2]
+        pad = (-t) % group
+        xt = x.transpose(-1, -2)  # (..., D, T)
+        if pad:  # repeat the last token: it stays inside its group's range
+            xt = torch.cat([xt, xt[..., -1:].expand(*xt.shape[:-1], pad)], dim=-1)
+        return fake_quantize(xt, bits, group)[..., :t].transpose(-1, -2)
     shape = x.shape
     g = x.reshape(*shape[:-1], shape[-1] // group, group).float()  # (..., D/group, group)
     lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)

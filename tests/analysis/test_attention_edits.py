@@ -53,3 +53,11 @@ def test_bad_input(tiny):
     with pytest.raises(fl.FusionLabError, match="edit_attention needs an fl.LM"):
         with edit_attention("tiny-qwen2", lambda *a: a[2:]):
             pass
+
+
+def test_fake_quantize_along_tokens_handles_outlier_channels():
+    x = torch.randn(1, 2, 70, 64, generator=torch.Generator().manual_seed(1))
+    x[..., 3] *= 50  # an outlier channel, as post-RoPE keys have
+    per_token = (fake_quantize(x, 4, 64) - x).abs().mean()
+    per_channel = fake_quantize(x, 4, 64, axis=-2)
+    assert per_channel.shape == x.shape and (per_channel - x).abs().mean() < per_token  # 70 tokens: one padded group
