@@ -144,3 +144,19 @@ def paired(df: pd.DataFrame, baseline: str) -> pd.DataFrame:
             other = g.set_index("task_id")["passed"].astype(bool).reindex(base.index)
             rows.append({"setting": setting, **mcnemar(base, other)})
     return pd.DataFrame(rows)
+
+
+def rerun_changes(before: pd.DataFrame, after: pd.DataFrame) -> pd.DataFrame:
+    """Per setting: pass counts of two runs of the same grid (e.g. batch 1 vs batched) and the problems whose
+    completion or outcome changed, so a rerun is compared problem by problem rather than by its total alone."""
+    keys = ["setting", "task_id"]
+    both = before[keys + ["completion", "passed"]].merge(after[keys + ["completion", "passed"]], on=keys,
+                                                         suffixes=("_before", "_after"), validate="one_to_one")
+    rows = []
+    for setting, g in both.groupby("setting", sort=False):
+        text = g[g["completion_before"] != g["completion_after"]]
+        flip = g[g["passed_before"].astype(bool) != g["passed_after"].astype(bool)]
+        rows.append({"setting": setting, "n": len(g), "passed_before": int(g["passed_before"].sum()),
+                     "passed_after": int(g["passed_after"].sum()), "completions_changed": len(text),
+                     "outcomes_changed": len(flip), "changed_tasks": " ".join(text["task_id"])})
+    return pd.DataFrame(rows)

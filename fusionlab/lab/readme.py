@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..experiments import humaneval as he
-from ..paths import bench_results_dir, readme_path
+from ..paths import bench_results_dir, notebooks_dir, readme_path
 from .results import VERDICTS, best_table, ledger, lab_times
 from .scorecard import posts_claims, verdict_counts
 
@@ -186,18 +186,21 @@ def labtimes_markdown(folder: Path | None = None) -> str:
     runs = {k: v for k, v in runs.items() if v}
     if not runs:
         return "_Not measured yet: run `fusionlab lab`._"
-    names = sorted({n for r in runs.values() for n in r["notebooks"]})
+    names = sorted({n for r in runs.values() for n in r["notebooks"]}
+                   | {p.name for p in notebooks_dir().glob("[0-9]*.ipynb")})  # untimed notebooks show as "-"
     head = "| notebook | " + " | ".join(f"{k} run (s)" for k in runs) + " |"
     lines = [head, "|---|" + "---|" * len(runs)]
     for n in names:
         lines.append(f"| `{n.removesuffix('.ipynb')}` | " + " | ".join(
             f"{r['notebooks'][n]['seconds']:.0f} ({r['notebooks'][n]['date'][:10]})" if n in r["notebooks"] else "-"
             for r in runs.values()) + " |")
-    lines.append("| **all** | " + " | ".join(f"**{sum(x['seconds'] for x in r['notebooks'].values()) / 60:.0f} min**"
-                                             for r in runs.values()) + " |")
+    lines.append("| **all timed** | " + " | ".join(
+        f"**{sum(x['seconds'] for x in r['notebooks'].values()) / 60:.0f} min** ({len(r['notebooks'])} of {len(names)})"
+        for r in runs.values()) + " |")
     m = next(iter(runs.values()))["machine"]
     lines += ["", f"{m['cpus']} CPU cores, torch {m['torch']}; each notebook's time from its latest run of that size "
-                  "(a run resumes from the cell caches, so a re-run after an interrupted one is shorter)."]
+                  "(a run resumes from the cell caches, so a re-run after an interrupted one is shorter); `-`: not "
+                  "timed at that size yet (recording began after those runs)."]
     return "\n".join(lines)
 
 

@@ -74,3 +74,15 @@ def test_batched_completions_equal_batch_one(tiny, tmp_path):
     many = he.generate_all("s", "k", lambda: fl.fuse(m, []), tasks, max_new_tokens=12, cache=tmp_path / "b.jsonl",
                            batch_size=4)
     assert one["completion"].tolist() == many["completion"].tolist() and set(many["batch"]) == {4, 1}
+
+
+def test_rerun_changes_lists_each_changed_problem():
+    before = pd.DataFrame({"setting": ["a", "a", "a", "b"], "task_id": ["H/0", "H/1", "H/2", "H/0"],
+                           "completion": ["x", "y", "z", "w"], "passed": [True, False, True, False]})
+    after = before.copy()
+    after.loc[1, ["completion", "passed"]] = ["y2", True]  # text and outcome change
+    after.loc[2, "completion"] = "z2"  # text changes, outcome does not
+    got = he.rerun_changes(before, after).set_index("setting")
+    assert got.loc["a", "passed_before"] == 2 and got.loc["a", "passed_after"] == 3
+    assert got.loc["a", "completions_changed"] == 2 and got.loc["a", "outcomes_changed"] == 1
+    assert got.loc["a", "changed_tasks"] == "H/1 H/2" and got.loc["b", "completions_changed"] == 0

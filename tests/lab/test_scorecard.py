@@ -26,7 +26,8 @@ def test_lab_times_are_recorded_and_rendered(tmp_path):
     results.record_lab_time("00_quickstart.ipynb", 59.0, "default", folder=tmp_path)  # a re-run replaces its entry
     md = readme.labtimes_markdown(tmp_path)
     assert "| `00_quickstart` | 59 (" in md and "| `04_three_model_cache_bus` | 599 (" in md and "| 1800 (" in md
-    assert "**11 min**" in md and "**30 min**" in md and "| `00_quickstart` | 59 (" in md
+    assert "**11 min** (2 of" in md and "**30 min** (1 of" in md and "| `00_quickstart` | 59 (" in md
+    assert "| `09_prompt_variants` | - | - |" in md  # a notebook never timed shows as such, not as missing
 
 
 def test_run_all_only_names_notebooks():
