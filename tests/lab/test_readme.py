@@ -42,6 +42,15 @@ def test_humaneval_table_from_saved_results(tmp_path):
     assert md[3] == f"| +s | 1/4 = 25.0% [{lo:.1%}, {hi:.1%}] | 0.5 | 3 of 4 | 2.0 | 5.0 | 1.00 |"
     assert "04_humaneval.default.csv" in md[-1]
     assert readme.humaneval_markdown(tmp_path / "none").startswith("_Not measured yet")
+    assert "Batched rerun" not in readme.humaneval_markdown(tmp_path)
+    pd.DataFrame([{"setting": "master alone", "n": 4, "passed_before": 3, "passed_after": 3, "completions_changed": 0,
+                   "outcomes_changed": 0, "changed_tasks": None},
+                  {"setting": "+s", "n": 4, "passed_before": 1, "passed_after": 2, "completions_changed": 2,
+                   "outcomes_changed": 1, "changed_tasks": "b c"}]).to_csv(tmp_path / "04_batch_rerun.full.csv",
+                                                                          index=False)
+    md = readme.humaneval_markdown(tmp_path)
+    assert "master alone 3 -> 3 (0 of 4 completions changed, 0 pass/fail flips)" in md
+    assert "+s 1 -> 2 (2 of 4 completions changed (b c), 1 pass/fail flips)" in md and "04_batch_rerun.full.csv" in md
     df.to_csv(tmp_path / "07_humaneval.full.csv", index=False)
     pd.DataFrame([{"slave": "smollm2", "fuser": "+smollm2 fuser", "against": "master alone", "n": 96,
                    "delta_nll": -0.0123, "lo": -0.02, "hi": -0.004, "beats": True},
