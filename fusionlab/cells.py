@@ -149,4 +149,6 @@ def run_cells(cache: CellCache, cells: list[Cell], open_model: Callable[[], Abst
                 for c, rec in zip(group, recs):
                     cache.add({"key": c.key, **c.fields, **rec})
                 bar.update(len(group))
-    return [cache[c.key] for c in cells]
+    # the key names the computation, the fields only label it: a result cached under another label (a setting
+    # renamed since, or the same computation shared by two notebooks) comes back under this caller's labels
+    return [{**cache[c.key], **c.fields} for c in cells]

@@ -37,6 +37,17 @@ def test_run_cells_computes_only_what_is_missing_and_records_skips(tmp_path):
     assert again == out and len(calls) == 5 and len(opened) == 1  # nothing recomputed, no model opened
 
 
+def test_a_cached_result_comes_back_under_the_callers_labels(tmp_path):
+    """The key names the computation; a cell cached under an old setting name must not leak that name (notebook 07's
+    HumanEval once returned 16 rows under a fuser's earlier name, splitting one setting in two)."""
+    cache = CellCache(tmp_path / "c.jsonl")
+    old = [Cell(cell_key("same computation", i), {"setting": "old name", "i": i}, i) for i in range(3)]
+    run_cells(cache, old, lambda: nullcontext(None), lambda m, c: {"v": c.item}, desc="t")
+    new = [Cell(c.key, {"setting": "new name", "i": c.fields["i"]}, c.item) for c in old]
+    out = run_cells(cache, new, lambda: pytest.fail("nothing should be recomputed"), lambda m, c: {}, desc="t")
+    assert [r["setting"] for r in out] == ["new name"] * 3 and [r["v"] for r in out] == [0, 1, 2]
+
+
 def test_a_cut_last_line_is_ignored_with_a_warning_and_the_next_append_is_clean(tmp_path):
     path = tmp_path / "c.jsonl"
     cache = CellCache(path)
