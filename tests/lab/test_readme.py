@@ -51,6 +51,9 @@ def test_humaneval_table_from_saved_results(tmp_path):
     md = readme.humaneval_markdown(tmp_path)
     assert "master alone 3 -> 3 (0 of 4 completions changed, 0 pass/fail flips)" in md
     assert "+s 1 -> 2 (2 of 4 completions changed (b c), 1 pass/fail flips)" in md and "04_batch_rerun.full.csv" in md
+    assert "not rerun batched yet" not in md
+    pd.read_csv(tmp_path / "04_batch_rerun.full.csv").iloc[:1].to_csv(tmp_path / "04_batch_rerun.full.csv", index=False)
+    assert "; not rerun batched yet: +s (" in readme.humaneval_markdown(tmp_path)
     df.to_csv(tmp_path / "07_humaneval.full.csv", index=False)
     pd.DataFrame([{"slave": "smollm2", "fuser": "+smollm2 fuser", "against": "master alone", "n": 96,
                    "delta_nll": -0.0123, "lo": -0.02, "hi": -0.004, "beats": True},
