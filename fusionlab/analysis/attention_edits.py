@@ -91,6 +91,8 @@ def fake_quantize(x: torch.Tensor, bits: int, group: int, axis: int = -1) -> tor
     """Round x to `bits`-bit integers per group of `group` entries along `axis` (-1: channels of one token; -2: one
     channel over tokens, KIVI's choice for keys, whose outliers sit in fixed channels), asymmetric min-max with an
     fp16 scale and zero point as a quantized cache stores them, and back: what attention then reads from it."""
+    if axis not in (-1, -2):
+        raise FusionLabError(f"axis must be -1 (channels of a token) or -2 (tokens of a channel), got {axis!r}.")
     if axis == -2:  # quantize along tokens: pad T to a multiple of the group, quantize the transpose, cut
         t = x.shape[-2]
         pad = (-t) % group

@@ -156,7 +156,7 @@ def rerun_markdown(folder: Path | None, notebook: str, settings: list[str]) -> s
              f"changed{' (' + r.changed_tasks + ')' if 0 < r.completions_changed <= 6 else ''}, "
              f"{r.outcomes_changed} pass/fail flips)" for r in df.fillna({"changed_tasks": ""}).itertuples()]
     missing = [x for x in settings if x not in set(df["setting"])]
-    return (f"\n\nBatched rerun against the earlier batch-1 run (pass counts before -> after): " + "; ".join(parts)
+    return ("\n\nBatched rerun against the earlier batch-1 run (pass counts before -> after): " + "; ".join(parts)
             + (f"; not rerun batched yet: {', '.join(missing)}" if missing else "")
             + f" (`data/results/{notebook}_batch_rerun.{size}.csv` lists every changed problem).")
 

@@ -7,6 +7,7 @@ import torch
 
 import fusionlab as fl
 from fusionlab.analysis.attention_edits import EDITS, causal_band, edit_attention, fake_quantize
+from fusionlab.errors import FusionLabError
 
 from conftest import master_logits
 
@@ -47,6 +48,8 @@ def test_fake_quantize_error_shrinks_with_bits():
     span = float(x.amax(-1).sub(x.amin(-1)).max())
     assert errs[1] < errs[0] <= span / 15 and errs[1] <= span / 255
     assert fake_quantize(x, 8, 64).shape == x.shape
+    with pytest.raises(FusionLabError, match="axis must be -1"):  # another axis would quantize the wrong groups
+        fake_quantize(x, 8, 64, axis=1)
 
 
 def test_bad_input(tiny):
