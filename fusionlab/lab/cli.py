@@ -1,4 +1,4 @@
-"""`fusionlab` command line: doctor, fetch, models, lab, ledger, preflight (alias align), kv."""
+"""`fusionlab` command line: doctor, fetch, models, lab, ledger, rerun-diff, figures, open, preflight (alias align), kv."""
 from __future__ import annotations
 
 import argparse
@@ -75,6 +75,17 @@ def cmd_ledger(_: argparse.Namespace) -> int:
     from .readme import write_ledger
 
     print(write_ledger())
+    return 0
+
+
+def cmd_rerun_diff(args: argparse.Namespace) -> int:
+    from .readme import write_ledger
+    from .rerun import compare_with_commit
+
+    t, path = compare_with_commit(args.notebook, args.before, args.size)
+    print(t.to_string(index=False))
+    print(f"saved {path}")
+    write_ledger()
     return 0
 
 
@@ -162,6 +173,12 @@ def main(argv: list[str] | None = None) -> int:
     lab.add_argument("--only", nargs="+", default=None, metavar="NN", help="run only these notebooks, e.g. --only 04 07")
     lab.set_defaults(fn=cmd_lab)
     sub.add_parser("ledger", help="regenerate the README claims table from saved results").set_defaults(fn=cmd_ledger)
+    rd = sub.add_parser("rerun-diff", help="compare a notebook's HumanEval rerun, problem by problem, with the run "
+                        "an earlier commit saved (writes <NN>_batch_rerun.<size>.csv and the README line)")
+    rd.add_argument("notebook", metavar="NN", help="the notebook number, e.g. 04")
+    rd.add_argument("--before", required=True, help="the commit that saved the earlier run, e.g. a60cb00")
+    rd.add_argument("--size", default="full", choices=["default", "full"])
+    rd.set_defaults(fn=cmd_rerun_diff)
     fg = sub.add_parser("figures", help="list exported figures: manifest, run size, PNG dpi, PDF fonts embedded")
     fg.add_argument("--rasterize", action="store_true", help="re-render PNGs below 300 dpi from their PDF")
     fg.set_defaults(fn=cmd_figures)
