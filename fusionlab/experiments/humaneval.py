@@ -148,15 +148,18 @@ def paired(df: pd.DataFrame, baseline: str) -> pd.DataFrame:
 
 def rerun_changes(before: pd.DataFrame, after: pd.DataFrame) -> pd.DataFrame:
     """Per setting: pass counts of two runs of the same grid (e.g. batch 1 vs batched) and the problems whose
-    completion or outcome changed, so a rerun is compared problem by problem rather than by its total alone."""
+    completion or outcome changed, so a rerun is compared problem by problem rather than by its total alone; with
+    `seconds` in both, each run's generation wall time (a batch's time is shared among its rows, so sums are wall)."""
     keys = ["setting", "task_id"]
-    both = before[keys + ["completion", "passed"]].merge(after[keys + ["completion", "passed"]], on=keys,
-                                                         suffixes=("_before", "_after"), validate="one_to_one")
+    cols = keys + ["completion", "passed"] + (["seconds"] if "seconds" in before and "seconds" in after else [])
+    both = before[cols].merge(after[cols], on=keys, suffixes=("_before", "_after"), validate="one_to_one")
     rows = []
     for setting, g in both.groupby("setting", sort=False):
         text = g[g["completion_before"] != g["completion_after"]]
         flip = g[g["passed_before"].astype(bool) != g["passed_after"].astype(bool)]
         rows.append({"setting": setting, "n": len(g), "passed_before": int(g["passed_before"].sum()),
                      "passed_after": int(g["passed_after"].sum()), "completions_changed": len(text),
-                     "outcomes_changed": len(flip), "changed_tasks": " ".join(text["task_id"])})
+                     "outcomes_changed": len(flip), "changed_tasks": " ".join(text["task_id"])}
+                    | ({"seconds_before": g["seconds_before"].sum(), "seconds_after": g["seconds_after"].sum()}
+                       if "seconds" in cols else {}))
     return pd.DataFrame(rows)

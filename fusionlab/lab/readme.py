@@ -156,9 +156,13 @@ def rerun_markdown(folder: Path | None, notebook: str, settings: list[str]) -> s
              f"changed{' (' + r.changed_tasks + ')' if 0 < r.completions_changed <= 6 else ''}, "
              f"{r.outcomes_changed} pass/fail flips)" for r in df.fillna({"changed_tasks": ""}).itertuples()]
     missing = [x for x in settings if x not in set(df["setting"])]
+    wall = (f" Generation wall time of these settings: {df['seconds_before'].sum() / 60:.0f} min at batch 1, "
+            f"{df['seconds_after'].sum() / 60:.0f} min batched"
+            + (" (target: <= 25 min for the four settings on this CPU)." if notebook == "04" else ".")
+            if "seconds_after" in df and not missing else "")
     return ("\n\nBatched rerun against the earlier batch-1 run (pass counts before -> after): " + "; ".join(parts)
             + (f"; not rerun batched yet: {', '.join(missing)}" if missing else "")
-            + f" (`data/results/{notebook}_batch_rerun.{size}.csv` lists every changed problem).")
+            + f" (`data/results/{notebook}_batch_rerun.{size}.csv` lists every changed problem)." + wall)
 
 
 def fusers_markdown(folder: Path | None = None) -> str:

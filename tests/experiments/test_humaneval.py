@@ -86,3 +86,6 @@ def test_rerun_changes_lists_each_changed_problem():
     assert got.loc["a", "passed_before"] == 2 and got.loc["a", "passed_after"] == 3
     assert got.loc["a", "completions_changed"] == 2 and got.loc["a", "outcomes_changed"] == 1
     assert got.loc["a", "changed_tasks"] == "H/1 H/2" and got.loc["b", "completions_changed"] == 0
+    assert "seconds_before" not in got
+    timed = he.rerun_changes(before.assign(seconds=[4.0, 4.0, 4.0, 1.0]), after.assign(seconds=1.5)).set_index("setting")
+    assert timed["seconds_before"].tolist() == [12.0, 1.0] and timed["seconds_after"].tolist() == [4.5, 1.5]

@@ -51,7 +51,11 @@ def test_humaneval_table_from_saved_results(tmp_path):
     md = readme.humaneval_markdown(tmp_path)
     assert "master alone 3 -> 3 (0 of 4 completions changed, 0 pass/fail flips)" in md
     assert "+s 1 -> 2 (2 of 4 completions changed (b c), 1 pass/fail flips)" in md and "04_batch_rerun.full.csv" in md
-    assert "not rerun batched yet" not in md
+    assert "not rerun batched yet" not in md and "wall time of these settings" not in md
+    pd.read_csv(tmp_path / "04_batch_rerun.full.csv").assign(seconds_before=[3000.0, 2880.0], seconds_after=[600.0, 720.0]
+                                                             ).to_csv(tmp_path / "04_batch_rerun.full.csv", index=False)
+    assert ("Generation wall time of these settings: 98 min at batch 1, 22 min batched (target: <= 25 min"
+            in readme.humaneval_markdown(tmp_path))
     pd.read_csv(tmp_path / "04_batch_rerun.full.csv").iloc[:1].to_csv(tmp_path / "04_batch_rerun.full.csv", index=False)
     assert "; not rerun batched yet: +s (" in readme.humaneval_markdown(tmp_path)
     df.to_csv(tmp_path / "07_humaneval.full.csv", index=False)
