@@ -11,6 +11,7 @@ is within ±0.03 or the budget ends).
     cold vs warm time-to-first-token in a fresh process (the blog: 3.2 s -> 0.78 s)
 
 Writes benchmarks/results/fusion.json. Usage: python benchmarks/bench_fusion.py [--max-reps 12] [--steps 16]
+[--parts batch] (measure only some parts; the others keep their saved values; `measured` dates each part)
 """
 from __future__ import annotations
 
@@ -79,27 +80,38 @@ def inverse(r: dict) -> dict:
             "converged": r["converged"], "master_s": r["a_median_s"], "fused_s": r["b_median_s"]}
 
 
+PARTS = ("noop", "decode", "prefill", "batch", "ttft")
+
+
 @torch.inference_mode()
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--max-reps", type=int, default=12)
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--batches", type=int, nargs="*", default=[1, 4, 8, 16])
+    ap.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
+                    help="measure only these (the others keep their values in fusion.json; each ratio is paired "
+                         "within its own part, so parts measured on different days stay comparable)")
     args = ap.parse_args()
+    out = OUT / "fusion.json"
+    res: dict[str, object] = json.loads(out.read_text()) if out.exists() and set(args.parts) != set(PARTS) else {}
     m, s = fl.load("qwen2.5-coder-0.5b-instruct"), fl.load("smollm2-135m-instruct")
     proj = fl.fit_lstsq(m, s)
     slave = fl.Slave(s, layer_map=proj.layer_map, projector=proj, align="mean")
     kw = dict(min_reps=4, max_reps=args.max_reps, halfwidth=0.03)
-    res: dict[str, object] = {"threads": torch.get_num_threads(), "torch": torch.__version__, "steps": args.steps}
+    res.update({"threads": torch.get_num_threads(), "torch": torch.__version__, "steps": args.steps})
+    res.setdefault("measured", {}).update({p: time.strftime("%Y-%m-%d") for p in args.parts})
 
-    short = m.encode(long_text(m, 512))[:, :512]
-    with fl.fuse(m, []) as noop:
-        res["noop_forward"] = paired_ratio(lambda: m.model(short, use_cache=True), lambda: noop(short), **kw)
+    if "noop" in args.parts:
+        short = m.encode(long_text(m, 512))[:, :512]
+        with fl.fuse(m, []) as noop:
+            res["noop_forward"] = paired_ratio(lambda: m.model(short, use_cache=True), lambda: noop(short), **kw)
 
     text = long_text(m, 2048)
     with fl.fuse(m, [slave]) as f:
-        res["decode_2k"] = inverse(paired_ratio(lambda: master_decode(m, [text], args.steps),
-                                                lambda: fused_decode(f, [text], args.steps), **kw))
+        if "decode" in args.parts:
+            res["decode_2k"] = inverse(paired_ratio(lambda: master_decode(m, [text], args.steps),
+                                                    lambda: fused_decode(f, [text], args.steps), **kw))
         layers = sorted(set(proj.layer_map.pairs.values()))
         s_ids, ids = s.encode(text), m.encode(text)
 
@@ -107,23 +119,27 @@ def main() -> None:
             m.model(ids, use_cache=True, logits_to_keep=1)
             capture_kv(s, s_ids, layers)
 
-        res["prefill_2k"] = paired_ratio(separate, lambda: f.prefill(text), **kw)
+        if "prefill" in args.parts:
+            res["prefill_2k"] = paired_ratio(separate, lambda: f.prefill(text), **kw)
         res["prompt_tokens"] = int(ids.shape[1])
-        batches = {}
-        for b in args.batches:
-            prompts = [long_text(m, 300 + (200 * i) // max(b - 1, 1), offset=i) for i in range(b)]
-            r = inverse(paired_ratio(lambda: master_decode(m, prompts, args.steps),
-                                     lambda: fused_decode(f, prompts, args.steps), **kw))
-            r["fused_tok_s"] = b * args.steps / r["fused_s"]
-            r["master_tok_s"] = b * args.steps / r["master_s"]
-            batches[str(b)] = r
-        res["batch_decode"] = batches
-        if "1" in batches and "8" in batches:
-            res["batch8_over_batch1"] = batches["8"]["fused_tok_s"] / batches["1"]["fused_tok_s"]
-    res["ttft"] = measure(m.name, s.name, warm_runs=5)
-    res["ttft_warm_over_cold"] = res["ttft"]["warm_median_s"] / res["ttft"]["cold_s"]
+        if "batch" in args.parts:
+            res["batch_decode"] = batches = {}
+            for b in args.batches:
+                prompts = [long_text(m, 300 + (200 * i) // max(b - 1, 1), offset=i) for i in range(b)]
+                r = inverse(paired_ratio(lambda: master_decode(m, prompts, args.steps),
+                                         lambda: fused_decode(f, prompts, args.steps), **kw))
+                r["fused_tok_s"] = b * args.steps / r["fused_s"]
+                r["master_tok_s"] = b * args.steps / r["master_s"]
+                batches[str(b)] = r
+                print(f"batch {b}: {r}", flush=True)
+            res.pop("batch8_over_batch1", None)
+            if "1" in batches and "8" in batches:
+                res["batch8_over_batch1"] = batches["8"]["fused_tok_s"] / batches["1"]["fused_tok_s"]
+    if "ttft" in args.parts:
+        res["ttft"] = measure(m.name, s.name, warm_runs=5)
+        res["ttft_warm_over_cold"] = res["ttft"]["warm_median_s"] / res["ttft"]["cold_s"]
     OUT.mkdir(exist_ok=True)
-    (OUT / "fusion.json").write_text(json.dumps(res, indent=2))
+    out.write_text(json.dumps(res, indent=2))
     print(json.dumps(res, indent=2))
 
 

@@ -1,6 +1,8 @@
 """README blocks: rendered from saved results only, and the committed README equals what they render."""
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 
 from fusionlab import stats
@@ -77,3 +79,22 @@ def test_readme_tables_are_generated_from_the_saved_results():
     for name, body in readme.blocks().items():
         begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
         assert text[text.index(begin) + len(begin):text.index(end)].strip() == body.strip(), name
+
+
+def test_bench_table_says_what_bounds_batch_scaling(tmp_path):
+    """The batch rows come from fusion.json; whether the CPU or the fusion bounds batch-8 scaling is a rule on the
+    master's own scaling, not a sentence typed once."""
+    ratio = {"ratio": 1.0, "ci_low": 0.98, "ci_high": 1.02, "a_median_s": 1.0, "b_median_s": 1.0}
+    batch = lambda fused, master: {**ratio, "fused_tok_s": fused, "master_tok_s": master}  # noqa: E731
+    r = {"threads": 2, "torch": "2.13.0", "steps": 16, "prompt_tokens": 2048, "noop_forward": ratio, "prefill_2k": ratio,
+         "decode_2k": {**ratio, "fused_s": 1.0, "master_s": 1.0}, "ttft": {"cold_s": 3.0, "warm_median_s": 1.0},
+         "ttft_warm_over_cold": 0.33, "batch_decode": {"1": batch(6.0, 6.0), "16": batch(40.0, 41.0),
+                                                        "8": batch(21.0, 22.0)}, "batch8_over_batch1": 3.5}
+    (tmp_path / "fusion.json").write_text(json.dumps(r))
+    md = readme.bench_markdown(tmp_path)
+    assert "| fused / master decode throughput, batch 16 (master: transformers' own padded batch) | 1.000 [0.980, " \
+           "1.020] (40.0 vs 41.0 tok/s) | >= 0.95 |" in md
+    assert "| 3.50 (the master alone, transformers' own batch, scales 3.67 too: the bound is this 2-core CPU" in md
+    r["batch_decode"]["8"] = batch(21.0, 30.0)
+    (tmp_path / "fusion.json").write_text(json.dumps(r))
+    assert "scales 5.00: the fusion loses scaling" in readme.bench_markdown(tmp_path)
