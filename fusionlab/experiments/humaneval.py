@@ -163,3 +163,16 @@ def rerun_changes(before: pd.DataFrame, after: pd.DataFrame) -> pd.DataFrame:
                     | ({"seconds_before": g["seconds_before"].sum(), "seconds_after": g["seconds_after"].sum()}
                        if "seconds" in cols else {}))
     return pd.DataFrame(rows)
+
+
+def batch_occupancy(df: pd.DataFrame) -> pd.DataFrame:
+    """Per setting: how full the batches stayed while decoding. A batch decodes until its longest row ends (finished
+    rows leave, but no new prompt takes their seat), so occupancy = row tokens / (rows x the longest row's tokens).
+    A batch is recognised by its rows sharing one `seconds` value (the batch's wall time split among them); lengths
+    are the completions' master tokens after stop strings, so the figure is approximate."""
+    rows = []
+    for setting, g in df[df["batch"] > 1].groupby("setting", sort=False):
+        b = g.groupby(["seconds", "batch"])["new_tokens"].agg(["size", "sum", "max"])
+        rows.append({"setting": setting, "batches": len(b), "mean_rows": b["size"].mean(),
+                     "occupancy": b["sum"].sum() / (b["size"] * b["max"].clip(lower=1)).sum()})
+    return pd.DataFrame(rows, columns=["setting", "batches", "mean_rows", "occupancy"])

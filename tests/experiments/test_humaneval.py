@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 
 import fusionlab as fl
 from fusionlab.experiments import humaneval as he
@@ -89,3 +90,13 @@ def test_rerun_changes_lists_each_changed_problem():
     assert "seconds_before" not in got
     timed = he.rerun_changes(before.assign(seconds=[4.0, 4.0, 4.0, 1.0]), after.assign(seconds=1.5)).set_index("setting")
     assert timed["seconds_before"].tolist() == [12.0, 1.0] and timed["seconds_after"].tolist() == [4.5, 1.5]
+
+
+def test_batch_occupancy_from_shared_batch_seconds():
+    """Two batches of setting a (rows share the batch's seconds): 3 rows of lengths 10/5/5 and 2 rows of 4/4 ->
+    (20 + 8) / (3*10 + 2*4); batch-1 rows are left out."""
+    df = pd.DataFrame({"setting": ["a"] * 6, "seconds": [1.0, 1.0, 1.0, 2.0, 2.0, 3.0], "batch": [3, 3, 3, 2, 2, 1],
+                       "new_tokens": [10, 5, 5, 4, 4, 99]})
+    got = he.batch_occupancy(df).set_index("setting").loc["a"]
+    assert got["batches"] == 2 and got["mean_rows"] == 2.5 and got["occupancy"] == pytest.approx(28 / 38)
+    assert he.batch_occupancy(df[df["batch"] == 1]).empty
