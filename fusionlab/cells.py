@@ -12,6 +12,10 @@ File schema (one JSON object per line, UTF-8):
 `key` is `cell_key(...)`: the sha256 of everything that changes the cell's result (models' fingerprints, setting,
 text, lengths, decoding options). If a key occurs twice the later line wins.
 
+Global state: when the environment variable FUSIONLAB_CELL_TALLY names a file, every `run_cells` call appends one
+line to it, `{"desc": ..., "cached": n, "computed": n}`. `fusionlab lab` sets it for each notebook's kernel, so a
+notebook's recorded wall time says how much of its grid came from the cache (a resumed run costs less).
+
 Writes are atomic per line: each record is one `write()` of a whole line, under an exclusive `flock`, so two
 processes appending to one cache never interleave. A line cut short by a killed process (no newline, or not JSON)
 is ignored on reading with a warning that names the file; the next append starts on a fresh line, so the cut
@@ -149,6 +153,25 @@ def run_cells(cache: CellCache, cells: list[Cell], open_model: Callable[[], Abst
                 for c, rec in zip(group, recs):
                     cache.add({"key": c.key, **c.fields, **rec})
                 bar.update(len(group))
+    _tally(desc, cached=len(cells) - len(todo), computed=len(todo))
     # the key names the computation, the fields only label it: a result cached under another label (a setting
     # renamed since, or the same computation shared by two notebooks) comes back under this caller's labels
     return [{**cache[c.key], **c.fields} for c in cells]
+
+
+def _tally(desc: str, cached: int, computed: int) -> None:
+    """One line per grid to $FUSIONLAB_CELL_TALLY, if set (see the module docstring)."""
+    path = os.environ.get("FUSIONLAB_CELL_TALLY")
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"desc": desc, "cached": cached, "computed": computed}) + "\n")
+
+
+def read_tally(path: str | Path) -> dict[str, int]:
+    """Cells served from the cache and computed, summed over every grid a tally file records."""
+    got = {"cached": 0, "computed": 0}
+    if Path(path).exists():
+        for line in Path(path).read_text(encoding="utf-8").splitlines():
+            rec = json.loads(line)
+            got = {k: got[k] + int(rec[k]) for k in got}
+    return got

@@ -7,7 +7,7 @@ from contextlib import nullcontext
 
 import pytest
 
-from fusionlab.cells import Cell, CellCache, cell_key, run_cells
+from fusionlab.cells import Cell, CellCache, cell_key, read_tally, run_cells
 from fusionlab.errors import ContextTooLong, FusionLabError
 
 
@@ -106,3 +106,17 @@ def test_batches_fall_back_cell_by_cell_when_one_cannot_run(tmp_path):
     assert [r.get("v") for r in out] == [4, 3, None, 1, 0] and out[2]["skipped"] == "cell 2 is too long"
     with pytest.raises(FusionLabError, match="batch_size must be a positive int"):
         run_cells(CellCache(tmp_path / "d.jsonl"), cells, lambda: nullcontext(None), one, desc="t", batch_size=0)
+
+
+def test_tally_counts_cached_and_computed_cells_when_asked(tmp_path, monkeypatch):
+    """`fusionlab lab` sets FUSIONLAB_CELL_TALLY per notebook; without it nothing is written."""
+    cache, tally = CellCache(tmp_path / "c.jsonl"), tmp_path / "tally.jsonl"
+    cells = [Cell(cell_key("t", i), {"i": i}, i) for i in range(3)]
+    run_cells(cache, cells[:1], lambda: nullcontext(None), lambda m, c: {"v": c.item}, desc="t")
+    assert not tally.exists() and read_tally(tally) == {"cached": 0, "computed": 0}
+    monkeypatch.setenv("FUSIONLAB_CELL_TALLY", str(tally))
+    run_cells(cache, cells, lambda: nullcontext(None), lambda m, c: {"v": c.item}, desc="t")
+    run_cells(cache, cells, lambda: pytest.fail("all cached"), lambda m, c: {}, desc="t")
+    assert [json.loads(x) for x in tally.read_text().splitlines()] == [
+        {"desc": "t", "cached": 1, "computed": 2}, {"desc": "t", "cached": 3, "computed": 0}]
+    assert read_tally(tally) == {"cached": 4, "computed": 2}

@@ -79,8 +79,10 @@ def best_table(stem: str, folder: Path | None = None) -> tuple[pd.DataFrame, str
     return None
 
 
-def record_lab_time(notebook: str, seconds: float, run_size: str, folder: Path | None = None) -> Path:
-    """Add one notebook's wall time to lab_times.<run size>.json (the README's notebook-cost table reads it)."""
+def record_lab_time(notebook: str, seconds: float, run_size: str, folder: Path | None = None,
+                    cells: dict[str, int] | None = None) -> Path:
+    """Add one notebook's wall time to lab_times.<run size>.json (the README's notebook-cost table reads it), with
+    how many grid cells came from the cache and how many were computed (`cells.read_tally`)."""
     import os
 
     import torch
@@ -88,7 +90,8 @@ def record_lab_time(notebook: str, seconds: float, run_size: str, folder: Path |
     path = Path(folder or results_dir()) / f"lab_times.{run_size}.json"
     rec = json.loads(path.read_text()) if path.exists() else {"run_size": run_size, "notebooks": {}}
     rec["machine"] = {"cpus": os.cpu_count(), "torch": torch.__version__}
-    rec["notebooks"][notebook] = {"seconds": round(seconds, 1), "date": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    rec["notebooks"][notebook] = {"seconds": round(seconds, 1), "date": time.strftime("%Y-%m-%dT%H:%M:%S")} | (
+        {"cells_cached": cells["cached"], "cells_computed": cells["computed"]} if cells else {})
     return atomic_write_text(path, json.dumps(rec, indent=2, sort_keys=True))
 
 

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from ..cells import read_tally
 from ..errors import FusionLabError
 from ..paths import notebooks_dir, repo_root
 
@@ -69,10 +71,13 @@ def run_all(full: bool = False, quick: bool = False, only: list[str] | None = No
         raise FusionLabError(f"no notebook matches {only}; names start with two digits, e.g. --only 04 07.")
     for n, path in enumerate(paths, 1):
         print(f"[{n}/{len(paths)}] {path.name} ...", flush=True)
-        t0 = time.perf_counter()
-        out = execute(path, env=env, timeout=None if full else 3600)  # a full 8K grid cell runs for hours
-        times.append((path.name, time.perf_counter() - t0))
-        if size != "quick":
-            record_lab_time(path.name, times[-1][1], size)
+        with tempfile.TemporaryDirectory() as tmp:
+            tally = Path(tmp) / "cells.jsonl"  # the kernel's run_cells calls append here (cells.py)
+            t0 = time.perf_counter()
+            out = execute(path, env=env | {"FUSIONLAB_CELL_TALLY": str(tally)},
+                          timeout=None if full else 3600)  # a full 8K grid cell runs for hours
+            times.append((path.name, time.perf_counter() - t0))
+            if size != "quick":
+                record_lab_time(path.name, times[-1][1], size, cells=read_tally(tally))
         print(f"[{n}/{len(paths)}] {path.name} done in {times[-1][1]:.0f} s -> {out.relative_to(repo_root().resolve())}", flush=True)
     return times

@@ -125,3 +125,15 @@ def test_degradation_rule_on_hand_made_rates():
     drop = rates([(1.0, 0.7, 1.0), (0.5, 0.3, 0.6), (0.1, 0.02, 0.4)])
     c = degradation_claim(drop, "full")
     assert c.verdict == "supported" and c.claim_id == "C73" and "4096: 10%" in c.measured
+
+
+def test_memory_probe_generates_whatever_the_cache_holds(tiny):
+    """C52's memory figure comes from a batch the bus always generates (a fully cached grid generates nothing)."""
+    import fusionlab as fl
+
+    m, s = tiny("tiny-qwen2"), tiny("tiny-llama")
+    proj = fl.fit_lstsq(m, s, texts=["def f(x): return x + 1", "the quick brown fox jumps"], holdout_every=0)
+    gb = cache_bus.memory_probe(m, {"s": (s, proj)}, ["def add(a, b):", "x = 1"], max_new_tokens=2)
+    assert gb > 0.05
+    claim = cache_bus.memory_claim(gb, 2**20, batch=2)
+    assert claim.verdict == "not testable here" and "generating a batch of 2), slots 1.00 MiB" in claim.measured

@@ -28,6 +28,8 @@ def test_lab_times_are_recorded_and_rendered(tmp_path):
     assert "| `00_quickstart` | 59 (" in md and "| `04_three_model_cache_bus` | 599 (" in md and "| 1800 (" in md
     assert "**11 min** (2 of" in md and "**30 min** (1 of" in md and "| `00_quickstart` | 59 (" in md
     assert "| `09_prompt_variants` | - | - |" in md  # a notebook never timed shows as such, not as missing
+    results.record_lab_time("00_quickstart.ipynb", 12.0, "default", folder=tmp_path, cells={"cached": 5, "computed": 1})
+    assert "| `00_quickstart` | 12 (" in (md := readme.labtimes_markdown(tmp_path)) and "; 5 of 6 cells from the cache) |" in md
 
 
 def test_run_all_only_names_notebooks():
