@@ -27,6 +27,7 @@ import fusionlab as fl
 from fusionlab.engine.fit import calibration_paragraphs
 from fusionlab.engine.kv_capture import capture_kv
 from fusionlab.experiments.ttft import measure
+from fusionlab.lab.readme import BENCH_PARTS
 
 from fusionlab.analysis.paired_timing import paired_ratio
 
@@ -45,8 +46,9 @@ def no_sync() -> None:
     """CPU work is done when a call returns; on CUDA pass torch.cuda.synchronize to time the kernels too."""
 
 
-def master_decode(m: fl.LM, prompts: list[str], steps: int, sync=no_sync) -> float:  # noqa: ANN001
-    """transformers' own left-padded batch: prefill (untimed), then `steps` decode steps (timed)."""
+def master_decode(m: fl.LM, prompts: list[str], steps: int, sync=no_sync, prof=None) -> float:  # noqa: ANN001
+    """transformers' own left-padded batch: prefill (untimed), then `steps` decode steps (timed; profiled by `prof`,
+    a cProfile.Profile, if given)."""
     enc = m.tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
     ids, mask = enc["input_ids"].to(m.device), enc["attention_mask"].to(m.device)
     pos = (mask.cumsum(1) - 1).clamp(min=0)
@@ -54,24 +56,45 @@ def master_decode(m: fl.LM, prompts: list[str], steps: int, sync=no_sync) -> flo
     m.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1)
     tok = torch.full((len(prompts), 1), m.tokenizer.encode(" the")[0], device=m.device)
     sync()
+    if prof:
+        prof.enable()
     t = time.perf_counter()
     for _ in range(steps):
         mask = torch.cat([mask, torch.ones_like(tok)], dim=1)
         pos = pos[:, -1:] + 1
         m.model(input_ids=tok, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1)
     sync()
+    if prof:
+        prof.disable()
     return time.perf_counter() - t
 
 
-def fused_decode(f: fl.FusedModel, prompts: list[str], steps: int, sync=no_sync) -> float:  # noqa: ANN001
+def fused_decode(f: fl.FusedModel, prompts: list[str], steps: int, sync=no_sync, prof=None) -> float:  # noqa: ANN001
     seq, _, _ = f.prefill(prompts if len(prompts) > 1 else prompts[0], max_new_tokens=steps)
     tok = torch.full((len(prompts), 1), f.master.tokenizer.encode(" the")[0], device=f.master.device)
     sync()
+    if prof:
+        prof.enable()
     t = time.perf_counter()
     for _ in range(steps):
         f.decode_one_token(seq, tok)
     sync()
+    if prof:
+        prof.disable()
     return time.perf_counter() - t
+
+
+def attention_ms(decode, steps: int) -> float:  # noqa: ANN001
+    """Milliseconds per decode step spent in the attention kernel (torch's scaled_dot_product_attention) during the
+    decode steps of `decode(prof)` (prefill not profiled), from cProfile: splits a fused/master gap into attention
+    over more keys (the slots) and the rest."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    decode(prof)
+    stats = pstats.Stats(prof).stats  # (file, line, name) -> (calls, primitive calls, tottime, cumtime, callers)
+    return 1000 * sum(v[2] for k, v in stats.items() if "scaled_dot_product_attention" in k[2]) / steps
 
 
 def inverse(r: dict) -> dict:
@@ -80,7 +103,7 @@ def inverse(r: dict) -> dict:
             "converged": r["converged"], "master_s": r["a_median_s"], "fused_s": r["b_median_s"]}
 
 
-PARTS = ("noop", "decode", "prefill", "batch", "ttft")
+PARTS = BENCH_PARTS  # the README's bench block dates each part (fusionlab/lab/readme.py)
 
 
 @torch.inference_mode()
@@ -130,6 +153,10 @@ def main() -> None:
                                          lambda: fused_decode(f, prompts, args.steps), **kw))
                 r["fused_tok_s"] = b * args.steps / r["fused_s"]
                 r["master_tok_s"] = b * args.steps / r["master_s"]
+                r["master_attention_ms"] = attention_ms(lambda p: master_decode(m, prompts, args.steps, prof=p),
+                                                        args.steps)
+                r["fused_attention_ms"] = attention_ms(lambda p: fused_decode(f, prompts, args.steps, prof=p),
+                                                       args.steps)
                 batches[str(b)] = r
                 print(f"batch {b}: {r}", flush=True)
             res.pop("batch8_over_batch1", None)

@@ -44,6 +44,10 @@ def replace_block(readme: Path, name: str, body: str) -> None:
     readme.write_text(text[: text.index(begin) + len(begin)] + "\n" + body + "\n" + text[text.index(end):])
 
 
+BENCH_PARTS = ("noop", "decode", "prefill", "batch", "ttft")
+"""The parts `benchmarks/bench_fusion.py --parts` can measure one at a time."""
+
+
 def _ci(r: dict) -> str:
     return f"{r['ratio']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]"
 
@@ -63,8 +67,13 @@ def bench_markdown(folder: Path | None = None) -> str:
             ("fused prefill / (master prefill + slave capture)", f"{_ci(r['prefill_2k'])} "
              f"({r['prefill_2k']['b_median_s']:.2f} s vs {r['prefill_2k']['a_median_s']:.2f} s)", "<= 1.10")]
     for b, x in r.get("batch_decode", {}).items():
+        split = ""
+        if "fused_attention_ms" in x:  # what the gap is made of: attention over the slots' extra keys, and the rest
+            gap = 1000 * (x["fused_s"] - x["master_s"]) / r["steps"]
+            split = (f"; a step {gap:+.1f} ms, of which the attention kernel "
+                     f"{x['fused_attention_ms'] - x['master_attention_ms']:+.1f} ms")
         rows.append((f"fused / master decode throughput, batch {b} (master: transformers' own padded batch)",
-                     f"{_ci(x)} ({x['fused_tok_s']:.1f} vs {x['master_tok_s']:.1f} tok/s)", ">= 0.95"))
+                     f"{_ci(x)} ({x['fused_tok_s']:.1f} vs {x['master_tok_s']:.1f} tok/s{split})", ">= 0.95"))
     if "batch8_over_batch1" in r:
         bd = r.get("batch_decode", {})
         why = ""
@@ -89,7 +98,11 @@ def bench_markdown(folder: Path | None = None) -> str:
                      f"{_ci(x['train_over_plain'])} ({x['train_tokens_per_s']:.0f} training tok/s, peak RSS "
                      f"{x['peak_rss_gib']:.1f} GiB)", "<= 1.5"))
     lines = ["| measure | measured [95% CI] | target |", "|---|---|---|"] + [f"| {a} | {b} | {c} |" for a, b, c in rows]
-    lines.append(f"\nABAB pairs, median ratio, bootstrap 95% CI; torch {r['torch']}, {r['threads']} threads.")
+    when = r.get("measured", {})  # bench_fusion --parts: the parts of fusion.json can come from different runs
+    dated = "".join(f" {part} rows on {day};" for part, day in sorted(when.items()))
+    lines.append(f"\nABAB pairs, median ratio, bootstrap 95% CI; torch {r['torch']}, {r['threads']} threads."
+                 + (f" Measured:{dated}" if when else "")
+                 + (" the other fusion rows in an earlier run." if when and not set(BENCH_PARTS) <= set(when) else ""))
     return "\n".join(lines)
 
 
@@ -205,6 +218,13 @@ def reliability_markdown(folder: Path | None = None) -> str:
     return "\n".join(lines) + "\n\nfrom `benchmarks/results/reliability.json` (`python benchmarks/reliability.py`)."
 
 
+def _labtime(x: dict) -> str:
+    """Seconds (date), and how much of the notebook's grids the cell cache served when that was recorded."""
+    cached = x.get("cells_cached", 0)
+    total = cached + x.get("cells_computed", 0)
+    return f"{x['seconds']:.0f} ({x['date'][:10]}" + (f"; {cached} of {total} cells from the cache)" if cached else ")")
+
+
 def labtimes_markdown(folder: Path | None = None) -> str:
     """Wall time of each notebook in the last lab run of each size (`fusionlab lab` records them)."""
     runs = {size: lab_times(size, folder) for size in ("default", "full")}
@@ -217,15 +237,15 @@ def labtimes_markdown(folder: Path | None = None) -> str:
     lines = [head, "|---|" + "---|" * len(runs)]
     for n in names:
         lines.append(f"| `{n.removesuffix('.ipynb')}` | " + " | ".join(
-            f"{r['notebooks'][n]['seconds']:.0f} ({r['notebooks'][n]['date'][:10]})" if n in r["notebooks"] else "-"
-            for r in runs.values()) + " |")
+            _labtime(r["notebooks"][n]) if n in r["notebooks"] else "-" for r in runs.values()) + " |")
     lines.append("| **all timed** | " + " | ".join(
         f"**{sum(x['seconds'] for x in r['notebooks'].values()) / 60:.0f} min** ({len(r['notebooks'])} of {len(names)})"
         for r in runs.values()) + " |")
     m = next(iter(runs.values()))["machine"]
     lines += ["", f"{m['cpus']} CPU cores, torch {m['torch']}; each notebook's time from its latest run of that size "
-                  "(a run resumes from the cell caches, so a re-run after an interrupted one is shorter); `-`: not "
-                  "timed at that size yet (recording began after those runs)."]
+                  "(a run resumes from the cell caches, so a re-run after an interrupted one is shorter; runs recorded "
+                  "since the tally began say how many grid cells the cache served); `-`: not timed at that size yet "
+                  "(recording began after those runs)."]
     return "\n".join(lines)
 
 

@@ -95,6 +95,14 @@ def test_bench_table_says_what_bounds_batch_scaling(tmp_path):
     assert "| fused / master decode throughput, batch 16 (master: transformers' own padded batch) | 1.000 [0.980, " \
            "1.020] (40.0 vs 41.0 tok/s) | >= 0.95 |" in md
     assert "| 3.50 (the master alone, transformers' own batch, scales 3.67 too: the bound is this 2-core CPU" in md
+    r["batch_decode"]["16"] |= {"fused_s": 1.2, "master_s": 1.0, "fused_attention_ms": 20.0, "master_attention_ms": 9.0}
+    (tmp_path / "fusion.json").write_text(json.dumps(r))
+    assert "(40.0 vs 41.0 tok/s; a step +12.5 ms, of which the attention kernel +11.0 ms) |" in readme.bench_markdown(tmp_path)
+    assert "Measured:" not in readme.bench_markdown(tmp_path)
+    (tmp_path / "fusion.json").write_text(json.dumps(r | {"measured": {"batch": "2026-12-03"}}))
+    assert "Measured: batch rows on 2026-12-03; the other fusion rows in an earlier run." in readme.bench_markdown(tmp_path)
+    (tmp_path / "fusion.json").write_text(json.dumps(r | {"measured": dict.fromkeys(readme.BENCH_PARTS, "2026-12-04")}))
+    assert "earlier run" not in readme.bench_markdown(tmp_path)
     r["batch_decode"]["8"] = batch(21.0, 30.0)
     (tmp_path / "fusion.json").write_text(json.dumps(r))
     assert "scales 5.00: the fusion loses scaling" in readme.bench_markdown(tmp_path)
