@@ -215,7 +215,16 @@ def reliability_markdown(folder: Path | None = None) -> str:
                      f"{k['cells']} cells, each exactly once; results "
                      f"{'identical to' if k['identical_to_uninterrupted'] else 'DIFFERENT from'} an uninterrupted run |")
     lines += [f"| reproducibility | {x} |" for x in r["reproducibility"]]
-    return "\n".join(lines) + "\n\nfrom `benchmarks/results/reliability.json` (`python benchmarks/reliability.py`)."
+    src = "from `benchmarks/results/reliability.json` (`python benchmarks/reliability.py`)"
+    att = Path(folder or bench_results_dir()) / "rerun_attribution.json"
+    if att.exists():  # benchmarks/rerun_attribution.py: what changed HumanEval completions in the batched rerun
+        a = json.loads(att.read_text())
+        causes = ", ".join(f"{n} {c}" for c, n in sorted(a["by_cause"].items(), key=lambda x: -x[1]))
+        lines.append(f"| notebook 04's batched HumanEval rerun vs its batch-1 run (commit {a['before']}) | master alone: "
+                     f"{a['master_alone_changed']} of 164 completions changed; the {a['changed']} fused completions that "
+                     f"changed, regenerated alone with today's projectors: {causes or 'none'} |")
+        src += " and `benchmarks/results/rerun_attribution.json` (`python benchmarks/rerun_attribution.py`)"
+    return "\n".join(lines) + f"\n\n{src}."
 
 
 def _labtime(x: dict) -> str:

@@ -106,3 +106,21 @@ def test_bench_table_says_what_bounds_batch_scaling(tmp_path):
     r["batch_decode"]["8"] = batch(21.0, 30.0)
     (tmp_path / "fusion.json").write_text(json.dumps(r))
     assert "scales 5.00: the fusion loses scaling" in readme.bench_markdown(tmp_path)
+
+
+def test_reliability_block_with_and_without_the_rerun_attribution(tmp_path):
+    r = {"bad_inputs": {"tried": 3, "clear": 2, "other": ["x: ValueError"]},
+         "kills": {"niah": {"kills": 5, "cells": 4, "unique": 4, "identical_to_uninterrupted": True}},
+         "reproducibility": ["lstsq fit: equal"]}
+    (tmp_path / "reliability.json").write_text(json.dumps(r))
+    md = readme.reliability_markdown(tmp_path)
+    assert "2 of 3 give one FusionLabError naming the argument or file; not clear: x: ValueError |" in md
+    assert "5 kills; 4 of 4 cells, each exactly once; results identical to an uninterrupted run |" in md
+    assert "rerun" not in md
+    (tmp_path / "rerun_attribution.json").write_text(json.dumps(
+        {"before": "abc1234", "changed": 3, "master_alone_changed": 0,
+         "by_cause": {"batching": 1, "projector refit": 2}, "rows": []}))
+    md = readme.reliability_markdown(tmp_path)
+    assert ("| notebook 04's batched HumanEval rerun vs its batch-1 run (commit abc1234) | master alone: 0 of 164 "
+            "completions changed; the 3 fused completions that changed, regenerated alone with today's projectors: "
+            "2 projector refit, 1 batching |") in md and "rerun_attribution.py" in md
