@@ -103,21 +103,18 @@ def inverse(r: dict) -> dict:
             "converged": r["converged"], "master_s": r["a_median_s"], "fused_s": r["b_median_s"]}
 
 
-PARTS = BENCH_PARTS  # the README's bench block dates each part (fusionlab/lab/readme.py)
-
-
 @torch.inference_mode()
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--max-reps", type=int, default=12)
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--batches", type=int, nargs="*", default=[1, 4, 8, 16])
-    ap.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
+    ap.add_argument("--parts", nargs="+", choices=BENCH_PARTS, default=list(BENCH_PARTS),
                     help="measure only these (the others keep their values in fusion.json; each ratio is paired "
                          "within its own part, so parts measured on different days stay comparable)")
     args = ap.parse_args()
     out = OUT / "fusion.json"
-    res: dict[str, object] = json.loads(out.read_text()) if out.exists() and set(args.parts) != set(PARTS) else {}
+    res: dict[str, object] = json.loads(out.read_text()) if out.exists() and set(args.parts) != set(BENCH_PARTS) else {}
     m, s = fl.load("qwen2.5-coder-0.5b-instruct"), fl.load("smollm2-135m-instruct")
     proj = fl.fit_lstsq(m, s)
     slave = fl.Slave(s, layer_map=proj.layer_map, projector=proj, align="mean")
