@@ -86,3 +86,94 @@ def test_the_checker_catches_a_wrong_way_import(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
     assert imported(bad) == [["lab", "results"], ["errors"]]
     assert layer_of(["lab", "results"]) not in ALLOWED["engine"]
+
+
+def module_name(path: Path) -> str:
+    """fusionlab/engine/fuse.py -> 'engine.fuse'; a package's __init__ -> the package ('engine'; '' for the facade)."""
+    parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(paths: list[Path]) -> dict[str, set[str]]:
+    """Module -> the fusionlab modules it imports anywhere in the file (inside functions and TYPE_CHECKING blocks
+    too: a circle hidden in a function is still a circle). `from .x import name` counts `x.name` when that is a
+    module of ours, else `x`."""
+    known = {module_name(p) for p in paths}
+    graph: dict[str, set[str]] = {}
+    for path in paths:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        package = list(path.relative_to(PACKAGE).parts[:-1])
+        targets: list[list[str]] = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                targets += [n.name.split(".")[1:] for n in node.names if n.name.split(".")[0] == "fusionlab"]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package[: len(package) - (node.level - 1)] + (node.module.split(".") if node.module else [])
+                elif node.module and node.module.split(".")[0] == "fusionlab":
+                    base = node.module.split(".")[1:]
+                else:
+                    continue
+                targets += [base + [a.name] for a in node.names]
+        edges = set()
+        for t in targets:  # the longest prefix that names one of our modules
+            hit = next((".".join(t[:k]) for k in range(len(t), 0, -1) if ".".join(t[:k]) in known), None)
+            if hit:
+                edges.add(hit)
+        me = module_name(path)
+        graph[me] = edges - {me, ""}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circles_anywhere():
+    """Not even one hidden inside a function: each module can be read after the ones it imports."""
+    graph = import_graph([p for p in modules() if module_name(p) != ""])
+    assert circles(graph) == [], f"import circles: {circles(graph)}"
+
+
+def test_the_circle_checker_catches_a_circle_inside_a_function(tmp_path, monkeypatch):
+    """Mutation check: a circle closed by an import inside a function body must be reported."""
+    fake = tmp_path / "fusionlab"
+    (fake / "engine").mkdir(parents=True)
+    (fake / "engine" / "a.py").write_text("from .b import thing\n")
+    (fake / "engine" / "b.py").write_text("def thing():\n    from . import a\n    return a\n")
+    (fake / "engine" / "c.py").write_text("from .a import thing\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
+    graph = import_graph(sorted(fake.rglob("*.py")))
+    assert graph["engine.b"] == {"engine.a"}
+    assert circles(graph) == [["engine.a", "engine.b"]]

@@ -14,7 +14,7 @@ from typing import Any, Iterator, Sequence
 import pandas as pd
 import torch
 
-from ..engine.attention import Recorder
+from ..engine.attention_core import Recorder
 from ..engine.slot_buffer import FAR
 from ..errors import FusionLabError
 from ..engine.fuse import FusedModel, fuse, open_fusion

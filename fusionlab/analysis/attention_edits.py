@@ -22,7 +22,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
 from ..engine.arch import attn_module, decoder_layers
-from ..engine.attention import base_attention
+from ..engine.attention_core import base_attention
 from ..engine.lm import LM
 from ..errors import FusionLabError
 

@@ -21,7 +21,7 @@ from .lm import LM
 from .batch_inputs import check_lengths, left_padded, pad_id, rows_of
 from .placement import Row, SequenceState, live_step, pad_positions, place_slots
 from .sampling import cut_at_stop, eos_ids, hit_stop, next_token, sampling_configs
-from .slot_buffer import PAD
+from .slot_buffer import PAD_POSITION
 from .slave import ResolvedSlave, Slave
 
 TIMINGS = ("prefix", "live")
@@ -55,9 +55,9 @@ class FusedModel:
         if timing == "live" and not all(s.same_tokenizer for s in self.slaves):
             raise FusionLabError("timing='live' needs slaves with the master's tokenizer (generated tokens are "
                                  "fed to them as ids); use timing='prefix' for cross-tokenizer slaves.")
-        self._base = master.model.config._attn_implementation
-        if self._base.startswith("fusionlab_"):
+        if registry.fusion_on(master.model) is not None:
             raise FusionLabError(f"{master.name} is already fused; close() the other FusedModel first.")
+        self._base = master.model.config._attn_implementation
         self._runtimes = {i: att.LayerRuntime(i, self._base) for i in range(master.spec.layers)}
         registry.install(master.model, {attn_module(master.model, i): rt for i, rt in self._runtimes.items()}, self)
         master.model.set_attn_implementation(att.install_interface(self._base))
@@ -95,9 +95,9 @@ class FusedModel:
         if pos is None:
             pos = seq.next_pos[:, None] + torch.arange(q, device=ids.device)
         e0 = seq.entries
-        seq.pos[:, e0:e0 + q] = pos if real is None else torch.where(real, pos, PAD)
-        pads = bool((seq.pos[:, :e0 + q] == PAD).any())
-        mask = (seq.pos[:, :e0 + q] != PAD).long() if pads else None  # transformers' own layers need it
+        seq.pos[:, e0:e0 + q] = pos if real is None else torch.where(real, pos, PAD_POSITION)
+        pads = bool((seq.pos[:, :e0 + q] == PAD_POSITION).any())
+        mask = (seq.pos[:, :e0 + q] != PAD_POSITION).long() if pads else None  # transformers' own layers need it
         for rt in self._runtimes.values():
             rt.active, rt.past, rt.seq_pos = True, e0, seq.pos[:, :e0 + q]
             rt.q_real = real if real is not None and not bool(real.all()) else None

@@ -31,7 +31,7 @@ from torch import nn
 
 from ..errors import FusionLabError
 from .layermap import LayerMap
-from .projector import LstsqProjector, Projector
+from .projector import LstsqProjector, Projector, read_safetensors, register_loader
 
 MODES, KINDS, INPUTS = ("blend", "concat"), ("linear", "mlp"), ("slave", "shuffled", "noise", "constant")
 
@@ -193,26 +193,10 @@ class LearnedFuser(nn.Module, Projector):
         return fuser
 
 
-def read_safetensors(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """(FusionLab metadata, tensors) of a projector or fuser file; a clear error for anything else."""
-    from safetensors import SafetensorError, safe_open
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    if not path.is_file():
-        raise FusionLabError(f"no projector or fuser file at {path}.")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            raw = (f.metadata() or {}).get("fusionlab")
-        tensors = load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as e:
-        raise FusionLabError(f"{path} is not a readable safetensors file ({e.__class__.__name__}): it is truncated "
-                             "or not a FusionLab file. Refit (fl.fit_lstsq) or retrain (train_fuser), then save.") from e
-    if raw is None:
-        raise FusionLabError(f"{path} has no FusionLab metadata: it was not written by FusionLab.")
-    return json.loads(raw), tensors
-
-
 def match_table(fuser_params: int, layers: int, heads: int, head_dim: int) -> int:
     """Table positions P for a constant-slot control with the parameter count of a fuser (2 tables of P·H·D per layer)."""
     return max(1, round(fuser_params / (2 * layers * heads * head_dim)))
+
+
+register_loader("learned", LearnedFuser.load)
+"""Import-time side effect (README, "Global state"): saved fusers load through `make_projector` by kind."""

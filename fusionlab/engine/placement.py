@@ -16,11 +16,11 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from .attention import LayerRuntime
+from .attention_core import LayerRuntime
 from .context import ContextLayout
 from .lm import LM
 from .slave import ResolvedSlave
-from .slot_buffer import FAR, NO_SLOT, PAD, Injection, JointBuffer
+from .slot_buffer import FAR, NO_SLOT, PAD_POSITION, Injection, JointBuffer
 from .token_align import identity_alignment
 
 
@@ -52,7 +52,7 @@ class SequenceState:
     entries: int
     """Cache entries written (the same for every row: rows are left padded)."""
     pos: torch.Tensor
-    """(B, capacity) position of every cache entry: PAD for pads, FAR where not written yet."""
+    """(B, capacity) position of every cache entry: PAD_POSITION for pads, FAR where not written yet."""
     runtimes: dict[int, LayerRuntime] | None = None
 
     @property
@@ -188,7 +188,7 @@ def live_step(runtimes: dict[int, LayerRuntime], master: LM, slaves: list[Resolv
 
 
 def pad_positions(rows: list[Row], width: int, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """(positions (B, width), real (B, width) bool) of the left-padded prompts: pads at PAD... their RoPE position 0."""
+    """(positions (B, width), real (B, width) bool) of the left-padded prompts: pads at PAD_POSITION... their RoPE position 0."""
     pos = torch.zeros(len(rows), width, dtype=torch.long, device=device)
     real = torch.zeros(len(rows), width, dtype=torch.bool, device=device)
     for r, row in enumerate(rows):
@@ -198,4 +198,4 @@ def pad_positions(rows: list[Row], width: int, device: Any) -> tuple[torch.Tenso
     return pos, real
 
 
-__all__ = ["PAD", "Row", "SequenceState", "live_step", "pad_positions", "place_slots"]
+__all__ = ["PAD_POSITION", "Row", "SequenceState", "live_step", "pad_positions", "place_slots"]

@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
-from safetensors.torch import save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file
 
 from ..errors import FusionLabError
 from .layermap import LayerMap
@@ -148,8 +149,6 @@ class LstsqProjector(Projector):
 
     @classmethod
     def load(cls, path: str | Path) -> "LstsqProjector":
-        from .fuser import read_safetensors
-
         meta, weights = read_safetensors(path)
         if meta.get("kind", "lstsq") != "lstsq" or "layer_map" not in meta:
             raise FusionLabError(f"{path} is not an lstsq projector (kind {meta.get('kind')!r}); use "
@@ -165,8 +164,36 @@ def make_projector(p: str | Projector | None) -> Projector:
     if isinstance(p, Projector):
         return p
     if isinstance(p, (str, Path)) and Path(p).exists():
-        from .fuser import LearnedFuser, read_safetensors
-
-        return LearnedFuser.load(p) if read_safetensors(p)[0].get("kind") == "learned" else LstsqProjector.load(p)
+        kind = read_safetensors(p)[0].get("kind", "lstsq")
+        if kind not in LOADERS:
+            raise FusionLabError(f"{p} holds a projector of kind {kind!r}, which no loaded module can read (known: "
+                                 f"{sorted(LOADERS)}); import the module that defines it (fusionlab does at import).")
+        return LOADERS[kind](p)
     raise FusionLabError(f"unknown projector {p!r}; use 'identity', 'heads', a fitted LstsqProjector, "
                          "or the path of a saved one.")
+
+
+LOADERS: dict[str, Callable[[str | Path], Projector]] = {"lstsq": LstsqProjector.load}
+"""Saved-projector kind (the file's metadata "kind") -> its loader. A module defining a new kind registers it
+(`engine/fuser.py` adds "learned" at import), so this file needs to know nothing about training."""
+
+
+def register_loader(kind: str, load: Callable[[str | Path], Projector]) -> None:
+    LOADERS[kind] = load
+
+
+def read_safetensors(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(FusionLab metadata, tensors) of a projector or fuser file; a clear error for anything else."""
+    path = Path(path)
+    if not path.is_file():
+        raise FusionLabError(f"no projector or fuser file at {path}.")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            raw = (f.metadata() or {}).get("fusionlab")
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise FusionLabError(f"{path} is not a readable safetensors file ({e.__class__.__name__}): it is truncated "
+                             "or not a FusionLab file. Refit (fl.fit_lstsq) or retrain (train_fuser), then save.") from e
+    if raw is None:
+        raise FusionLabError(f"{path} has no FusionLab metadata: it was not written by FusionLab.")
+    return json.loads(raw), tensors

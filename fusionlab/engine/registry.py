@@ -12,20 +12,19 @@ state, and a model that does not select them never calls them.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from weakref import WeakKeyDictionary
 
-if TYPE_CHECKING:
-    from .attention import LayerRuntime
-    from .fuse import FusedModel
+from .attention_core import LayerRuntime
 
 RUNTIMES: "WeakKeyDictionary[Any, LayerRuntime]" = WeakKeyDictionary()
 """Attention module of a fused master -> that layer's LayerRuntime."""
-FUSIONS: "WeakKeyDictionary[Any, FusedModel]" = WeakKeyDictionary()
-"""Fused master model (the transformers module) -> the FusedModel installed on it."""
+FUSIONS: "WeakKeyDictionary[Any, Any]" = WeakKeyDictionary()
+"""Fused master model (the transformers module) -> the `fuse.FusedModel` installed on it (typed Any: the registry
+sits below `fuse.py`, which writes it, so it cannot name that class without an import circle)."""
 
 
-def install(model: Any, runtimes: dict[Any, "LayerRuntime"], fusion: "FusedModel") -> None:
+def install(model: Any, runtimes: dict[Any, LayerRuntime], fusion: Any) -> None:
     """Record a fusion: its model and every attention module's runtime."""
     FUSIONS[model] = fusion
     for module, rt in runtimes.items():
@@ -39,10 +38,10 @@ def remove(model: Any, modules: list[Any]) -> None:
         RUNTIMES.pop(module, None)
 
 
-def runtime(module: Any) -> "LayerRuntime | None":
+def runtime(module: Any) -> LayerRuntime | None:
     return RUNTIMES.get(module)
 
 
-def fusion_on(model: Any) -> "FusedModel | None":
+def fusion_on(model: Any) -> Any:
     """The FusedModel installed on this transformers model, if any."""
     return FUSIONS.get(model)

@@ -4,8 +4,9 @@ Pre-allocated once per batch; slots are written once (prefix) or appended (live)
 writes only its new own keys, so decode steps never re-concatenate the cache. Rows are sequences of a batch: left
 padded, so every row's cache has the same number of entries; entry positions are per row:
 
-    FAR  an unfilled entry (a row with fewer slots than the longest, or room not used yet): never visible
-    PAD  a left-pad entry: visible only to pad queries (which must see something to stay finite), never to real ones
+    FAR           an unfilled entry (a row with fewer slots than the longest, or room not used yet): never visible
+    PAD_POSITION  a left-pad entry: visible only to pad queries (which must see something to stay finite), never
+                  to real ones
 """
 from __future__ import annotations
 
@@ -16,9 +17,12 @@ import torch
 
 from ..errors import FusionLabError
 
-NO_SLOT = -1
+NO_SLOT = -2
+"""A slot *index*: no slot at this master position (the replace / blend lookup tables)."""
 FAR = 2**62
-PAD = -1
+"""An entry *position*: unfilled, never visible."""
+PAD_POSITION = -1
+"""An entry or query *position*: a left pad (negative, so `position >= 0` means a real token)."""
 
 
 @dataclass
@@ -82,7 +86,7 @@ class JointBuffer:
     """(B, H_kv, N_cap, D)."""
     v: torch.Tensor
     pos: torch.Tensor
-    """(B, N_cap) position of each entry; FAR where unfilled, PAD for left-pad entries."""
+    """(B, N_cap) position of each entry; FAR where unfilled, PAD_POSITION for left-pad entries."""
     bias: torch.Tensor
     """(N_cap,) score bias: log(gate) for slots, 0 for own keys."""
     windowed: torch.Tensor
@@ -118,7 +122,7 @@ class JointBuffer:
 
     def write_own(self, key: torch.Tensor, value: torch.Tensor, past: int, q_pos: torch.Tensor) -> int:
         """Store the new tokens' own K/V (the last Q of `key`) as cache entries past..past+Q-1, with their
-        positions q_pos (B, Q) (PAD for pads); returns the entries in use."""
+        positions q_pos (B, Q) (PAD_POSITION for pads); returns the entries in use."""
         q = q_pos.shape[1]
         idx = self.own_offset + past + torch.arange(q, device=key.device)
         self.k[:, :, idx] = key[:, :, -q:]

@@ -29,12 +29,14 @@ import torch.nn.functional as F
 
 from ..errors import FusionLabError
 from .determinism import fixed_threads
+from .fit import fit_lstsq
 from .fuse import FusedModel, fuse
 from .fuser import FuserConfig, LearnedFuser
 from .lm import LM
 from .projector import LstsqProjector
 from .slave import Slave
 from .train_attention import TrainSlots
+from .train_loop import Loop
 from .train_errors import TrainingDiverged  # noqa: F401  (re-exported for callers)
 
 TASKS = ("same", "offload")
@@ -191,9 +193,6 @@ def train_fuser(master: LM, slave: LM, chunks: list[TrainChunk], config: FuserCo
     """Train a fuser (its warm start: `projector`, else a fresh fl.fit_lstsq) and return it with its loss curve."""
     from tqdm.auto import tqdm
 
-    from .fit import fit_lstsq
-    from .train_loop import Loop
-
     _check_chunks(chunks, train.task)
     if train.task == "offload" and config.mode != "concat":
         raise FusionLabError("task='offload' needs FuserConfig(mode='concat'): the master has no own keys at the "
@@ -208,7 +207,7 @@ def train_fuser(master: LM, slave: LM, chunks: list[TrainChunk], config: FuserCo
             reads = _derangement(n, train.seed) if config.input == "shuffled" else list(range(n))
             data = _prepare(fused, chunks, train.task, reads)
             loop = Loop(fused, fuser, data, train, config_hash(fuser, train, chunks),
-                        Path(checkpoint) if checkpoint else None)
+                        Path(checkpoint) if checkpoint else None, loss_of)
             with tqdm(desc=f"train {slave.name}->{master.name} ({config.mode}, {config.input})", disable=not progress,
                       total=train.max_tokens) as bar:
                 history = loop.run(lambda tok, loss: (bar.update(tok), bar.set_postfix(loss=f"{loss:.3f}")))

@@ -1,4 +1,4 @@
-"""The training path's attention: the same injection rules as `attention.py`, written as plain differentiable math.
+"""The training path's attention: the same injection rules as the inference path, written as plain differentiable math.
 
 Inference places slots once into pre-allocated buffers under `inference_mode` and takes fused fast paths; training
 needs gradients through the slots (and through a concat gate that may start at exactly 0), so here
@@ -7,7 +7,7 @@ needs gradients through the slots (and through a concat gate that may start at e
              g = 0 is the master exactly, and d/dg exists at 0)
     blend    own K/V at a slot's position += g * slot K/V                               (C2C's residual)
 
-with the same visibility rule (a key at position p is seen by a query at q iff p <= q, and q - p < window on sliding
+with the same visibility rule (`attention_core.visible`: a key at position p is seen by a query at q iff p <= q, and q - p < window on sliding
 layers for windowed entries). `tests/engine/test_fuser.py` checks these logits equal the inference path's.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .attention import repeat_kv
+from .attention_core import repeat_kv, visible
 
 
 @dataclass
@@ -33,14 +33,6 @@ class TrainSlots:
     """() the layer's gate (a tensor, so it can learn)."""
     mode: str
     windowed: bool = True
-
-
-def _visible(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None, windowed: bool) -> torch.Tensor:
-    """(Q, N) bool."""
-    ok = k_pos[None, :] <= q_pos[:, None]
-    if window is not None and windowed:
-        ok = ok & ((q_pos[:, None] - k_pos[None, :]) < window)
-    return ok
 
 
 def _scores(query: torch.Tensor, k: torch.Tensor, scale: float, softcap: float | None) -> torch.Tensor:
@@ -60,11 +52,11 @@ def train_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
             add_k = torch.zeros_like(key).index_add(2, idx[inside], s.k[:, :, inside])
             add_v = torch.zeros_like(value).index_add(2, idx[inside], s.v[:, :, inside])
             key, value = key + s.gate * add_k, value + s.gate * add_v
-    parts = [(_scores(query, key, scale, softcap), _visible(q_pos, own_pos, window, True), value, None)]
+    parts = [(_scores(query, key, scale, softcap), visible(q_pos, own_pos, window), value, None)]
     for s in slots:
         if s.mode == "concat":
-            parts.append((_scores(query, s.k, scale, softcap), _visible(q_pos, s.pos, window, s.windowed), s.v,
-                          s.gate))
+            vis = visible(q_pos, s.pos, window if s.windowed else None)
+            parts.append((_scores(query, s.k, scale, softcap), vis, s.v, s.gate))
     neg = float("-inf")
     # the running max counts only entries that carry weight: slots enter as score + log g (absent when g = 0), so
     # slots that score far above the own keys behind a closed gate cannot underflow everything to 0 / 0

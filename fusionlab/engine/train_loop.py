@@ -40,9 +40,9 @@ def clip_gradients(gates: list[torch.Tensor], rest: list[torch.Tensor], clip: fl
 
 class Loop:
     def __init__(self, fused: FusedModel, fuser: LearnedFuser, data: list[Any], train: Any, cfg_hash: str,
-                 checkpoint: Path | None):
-        from .train import loss_of
-
+                 checkpoint: Path | None, loss_of: Callable[[FusedModel, LearnedFuser | None, Any], torch.Tensor]):
+        """`loss_of(fused, fuser, prepared_chunk)`: the differentiable loss (train.py's), passed in so the loop
+        does not import the module that runs it."""
         self.fused, self.fuser, self.data, self.train, self.hash, self.ckpt = fused, fuser, data, train, cfg_hash, checkpoint
         self.loss_of = loss_of
         self._calibrate()

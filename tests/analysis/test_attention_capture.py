@@ -71,7 +71,7 @@ def test_partial_capture_leaves_the_output_bit_identical(tiny):
 
 def test_trimmed_keys_change_nothing(tiny):
     """The aggregate skips causally masked future keys; the masses equal those over every key."""
-    from fusionlab.engine.attention import Recorder
+    from fusionlab.engine.attention_core import Recorder
     from fusionlab.analysis.attention_capture import AttentionCapture
 
     lm = tiny("tiny-gemma3")  # sliding + global layers

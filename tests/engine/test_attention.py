@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import fusionlab as fl
-from fusionlab.engine.attention import position_mask
+from fusionlab.engine.attention_core import visible
 from fusionlab.models.variants import rope_variant
 
 from conftest import TEXT, TINY_NAMES, master_logits
@@ -52,10 +52,10 @@ def test_sliding_layers_hide_slots_outside_the_window(tiny):
     assert probs[0][:, far_slots].sum() > 0
 
 
-def test_position_mask_is_bottom_right_when_lengths_differ():
+def test_visibility_is_bottom_right_when_lengths_differ():
     q_pos = torch.tensor([5, 6])
     k_pos = torch.arange(7)
-    mask = position_mask(q_pos, k_pos, None)
+    mask = visible(q_pos, k_pos, None)
     assert mask[0].tolist() == [True] * 6 + [False]
     assert mask[1].all()
 
@@ -175,3 +175,24 @@ def test_slave_tokenizer_without_offsets_is_refused(tiny):
 
     with pytest.raises(FusionLabError, match="not a fast tokenizer.*character offsets"):
         align_tokens(tiny("tiny-qwen2").tokenizer, Slow(), "text", "mean")
+
+
+def test_sentinels_are_distinct_and_say_their_domain():
+    """A slot index of 'none' must never read as a pad position (they once shared -1)."""
+    from fusionlab.engine.slot_buffer import FAR, NO_SLOT, PAD_POSITION
+
+    assert len({NO_SLOT, FAR, PAD_POSITION}) == 3
+    assert PAD_POSITION < 0 <= FAR and NO_SLOT < 0
+
+
+def test_one_visibility_rule_serves_one_sequence_a_batch_and_a_window():
+    """`visible` broadcasts: a (B, Q) x (B, N) batch equals each row alone; windowed keys obey the window."""
+    q = torch.tensor([[3, 4], [5, 6]])
+    k = torch.tensor([[0, 1, 2, 3, 4], [2, 3, 4, 5, 6]])
+    win = torch.tensor([True, True, True, False, True])
+    batch = visible(q, k, 2, win)
+    assert batch.shape == (2, 2, 5)
+    for b in range(2):
+        assert torch.equal(batch[b], visible(q[b], k[b], 2, win))
+    assert batch[0, 0].tolist() == [False, False, True, True, False]  # q=3: p=2 in window, p=3 self, p=4 future
+    assert visible(q[0], k[0], 2, None)[1].tolist() == [False, False, False, True, True]  # q=4: p=3, 4 only
