@@ -36,8 +36,7 @@ from .lm import LM
 from .projector import LstsqProjector
 from .slave import Slave
 from .train_attention import TrainSlots
-from .train_loop import Loop
-from .train_errors import TrainingDiverged  # noqa: F401  (re-exported for callers)
+from .train_loop import Loop, TrainingDiverged  # noqa: F401  (TrainingDiverged re-exported for callers)
 
 TASKS = ("same", "offload")
 

@@ -24,7 +24,11 @@ import torch
 from ..errors import FusionLabError
 from .fuse import FusedModel
 from .fuser import LearnedFuser
-from .train_errors import TrainingDiverged
+
+
+class TrainingDiverged(FusionLabError):
+    """The loss (or the gradient norm) became non-finite, or the loss grew past the divergence bound; the last good
+    checkpoint is kept."""
 
 
 def clip_gradients(gates: list[torch.Tensor], rest: list[torch.Tensor], clip: float) -> float:

@@ -5,6 +5,8 @@ import json
 
 import pandas as pd
 
+from conftest import SELF_FUSION_TOL
+
 from fusionlab import stats
 from fusionlab.lab import readme
 from fusionlab.paths import readme_path
@@ -124,3 +126,11 @@ def test_reliability_block_with_and_without_the_rerun_attribution(tmp_path):
     assert ("| notebook 04's batched HumanEval rerun vs its batch-1 run (commit abc1234) | master alone: 0 of 164 "
             "completions changed; the 3 fused completions that changed, regenerated alone with today's projectors: "
             "2 projector refit, 1 batching |") in md and "rerun_attribution.py" in md
+
+
+def test_readme_quotes_the_self_fusion_tolerance_the_tests_assert():
+    """The anchors sentence must state the tolerance tests/conftest.py holds the tests to, not a tighter one."""
+    text = readme_path().read_text(encoding="utf-8")
+    sentence = text[text.index("self-fusion\n(concat, live) = master"):][:200]
+    for where, tol in SELF_FUSION_TOL.items():
+        assert f"<= {tol:g} on {where}" in sentence, (where, tol, sentence)
