@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 
 import fusionlab as fl
-from fusionlab.engine.fuser import FuserConfig, LearnedFuser
-from fusionlab.engine.train import TrainChunk, _prepare, loss_of
+from fusionlab.training.fuser import FuserConfig, LearnedFuser
+from fusionlab.training.chunks import TrainChunk, loss_of, prepare
 from fusionlab.experiments import corpora
 
 from fusionlab.analysis.paired_timing import paired_ratio
@@ -41,7 +41,7 @@ def main() -> None:
                 p.normal_(0, 0.02)
     text = corpora.chunks(m.tokenizer, corpora.documents(), "train", args.tokens)[0].text
     with fl.fuse(m, [fl.Slave(s, layer_map=fuser.layer_map, projector=fuser, mode="blend", align="mean")]) as f:
-        p = _prepare(f, [TrainChunk(text)], "same", [0])[0]
+        p = prepare(f, [TrainChunk(text)], "same", [0])[0]
         ids = p.ids
 
         def plain() -> None:

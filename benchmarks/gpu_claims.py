@@ -14,7 +14,8 @@ Our embedded models by default (any HF id or local path works: --master / --slav
     python benchmarks/gpu_claims.py --out $OUT/gpu_claims.json            # on the device machine, ~3-5 min on an H200
     cp <fetched>/gpu_claims.json benchmarks/results/                       # then `fusionlab ledger`
 
-Not run yet: this session was lent no GPU (benchmarks/results/gpu_claims.json is absent until a session has one).
+The ledger reads the JSON (fusionlab/experiments/gpu_claims.py: one verdict rule per claim); until a session with a GPU
+has run this, benchmarks/results/gpu_claims.json is absent and the ledger says "not run yet".
 """
 from __future__ import annotations
 
@@ -116,7 +117,7 @@ def stream_overlap(m: fl.LM, s: fl.LM, prompt: str, steps: int, device: str) -> 
 
 def training_steps(m: fl.LM, s: fl.LM, steps: int) -> dict[str, object]:
     """C36: FusionLab's fuser training (gradients through the stitched model) for a few steps: error or not."""
-    from fusionlab.engine.train import TrainChunk, TrainConfig, train_fuser
+    from fusionlab.training import TrainChunk, TrainConfig, train_fuser
 
     chunks = [TrainChunk(p) for p in fl.fit.calibration_paragraphs()[:4]]
     try:
@@ -151,7 +152,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     prompt = (" ".join(fl.fit.calibration_paragraphs()[:4]) + "\n\nSummarise the text above.")[-(args.prompt_chars or 0):]
     res: dict = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device,
-                 "torch": torch.__version__, "master": args.master, "slave": args.slave, "tokens": args.tokens}
+                 "torch": torch.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "master": args.master,
+                 "slave": args.slave, "tokens": args.tokens}
     for dtype in args.dtypes:
         m, _, f = fused_pair(args.master, args.slave, dtype, args.device)
         with f:

@@ -19,14 +19,13 @@ from .analysis.attention_capture import capture_attention
 from .engine import fit
 from .engine.fit import fit_lstsq
 from .engine.fuse import FusedModel, fuse
-from .engine.fuser import FuserConfig, LearnedFuser
 from .engine.layermap import LayerMap
 from .engine.lm import LM
 from .engine.preflight import AlignmentReport, check_alignment
 from .engine.projector import HeadsProjector, IdentityProjector, LstsqProjector
 from .engine.slave import Slave
 from .engine.spec import ModelSpec, RopeSpec
-from .engine.train import TrainChunk, TrainConfig, TrainResult, train_fuser
+from .training import FuserConfig, LearnedFuser, TrainChunk, TrainConfig, TrainResult, train_fuser
 from . import models
 from .models.zoo import load
 from .lab import results, viz

@@ -8,16 +8,21 @@ then executes the notebooks (``lab``) or pytest (``test``) inside that environme
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
 STAMP = VENV / ".fusionlab_stamp"
 TORCH_PIN = "torch==2.13.0"
+TEST_RUN = ROOT / "data" / "results" / "quick" / "test_run.json"
+"""What the last whole-suite `test` run measured (ignored folder: tests never rewrite a committed file); the README's
+test line is generated from the copy a fresh clone's run left in benchmarks/results/test_run.json."""
 KERNEL = ("fusionlab", "FusionLab (.venv)")
 """The venv as a named Jupyter kernel: the notebooks' metadata names it, so they open on this interpreter."""
 BROWSER_APT = ["chromium", "chromium-driver"]
@@ -94,6 +99,7 @@ def main(argv: list[str]) -> int:
         print("usage: python3 fusionlab/bootstrap.py lab [--full] | test [pytest args]", file=sys.stderr)
         return 2
     start = time.time()
+    fresh = not VENV.exists()
     py = ensure_venv()
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
     run([str(py), "-m", "fusionlab.lab.cli", "fetch"], cwd=ROOT, env=env)
@@ -102,9 +108,32 @@ def main(argv: list[str]) -> int:
     else:
         ensure_browser()
         env["FUSIONLAB_QUICK"] = "1"
-        code = subprocess.run([str(py), "-m", "pytest", "-q", *argv[1:]], cwd=ROOT, env=env).returncode
+        whole = len(argv) == 1
+        report = TEST_RUN.with_suffix(".xml")
+        report.parent.mkdir(parents=True, exist_ok=True)
+        t0 = time.time()
+        extra = [f"--junitxml={report}"] if whole else []
+        code = subprocess.run([str(py), "-m", "pytest", "-q", *extra, *argv[1:]], cwd=ROOT, env=env).returncode
+        if whole:
+            write_test_run(report, time.time() - t0, time.time() - start, fresh)
     say(f"{argv[0]} finished with exit code {code} after {time.time() - start:.0f} s")
     return code
+
+
+def write_test_run(report: Path, test_s: float, total_s: float, fresh: bool) -> None:
+    """Counts from pytest's JUnit report, wall times, commit, date and cores, as JSON in TEST_RUN."""
+    if not report.is_file():
+        return
+    suite = ET.parse(report).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    n = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    TEST_RUN.write_text(json.dumps({
+        "passed": n["tests"] - n["failures"] - n["errors"] - n["skipped"], "failed": n["failures"] + n["errors"],
+        "skipped": n["skipped"], "test_seconds": round(test_s), "total_seconds": round(total_s),
+        "fresh_venv": fresh, "commit": commit.stdout.strip() or "-", "date": time.strftime("%Y-%m-%d"),
+        "cores": os.cpu_count()}, indent=2))
+    say(f"test run recorded in {TEST_RUN}")
 
 
 if __name__ == "__main__":

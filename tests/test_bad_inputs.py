@@ -11,9 +11,9 @@ import torch
 import fusionlab as fl
 from fusionlab import kv
 from fusionlab.analysis.attention_capture import capture_attention
-from fusionlab.engine.fuser import FuserConfig, LearnedFuser
+from fusionlab.training.fuser import FuserConfig, LearnedFuser
 from fusionlab.engine.sampling import SamplingConfig
-from fusionlab.engine.train import TrainChunk, TrainConfig, train_fuser
+from fusionlab.training import TrainChunk, TrainConfig, train_fuser
 from fusionlab.errors import FusionLabError
 from fusionlab.experiments import humaneval as he, niah
 from fusionlab.models.tiny import tiny_tokenizer

@@ -1,7 +1,8 @@
 """The package's layers import in one direction only (README, "Layout"): read from the source, every import.
 
 foundation (errors, paths, files, cells, runsize, _version) < engine < models < experiments < lab, with
-analysis beside models (it may import the engine, nothing else above the foundation).
+analysis beside models (it may import the engine, nothing else above the foundation) and training beside them too
+(learned fusers: it may import the engine; the engine knows nothing about it).
 """
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ ALLOWED = {
     "engine": {"foundation", "engine"},
     "models": {"foundation", "engine", "models"},
     "analysis": {"foundation", "engine", "analysis"},
-    "experiments": {"foundation", "engine", "models", "analysis", "experiments"},
-    "lab": {"foundation", "engine", "models", "analysis", "experiments", "lab"},
+    "training": {"foundation", "engine", "training"},
+    "experiments": {"foundation", "engine", "models", "analysis", "training", "experiments"},
+    "lab": {"foundation", "engine", "models", "analysis", "training", "experiments", "lab"},
 }
 FACADES = {"__init__", "__main__", "bootstrap"}
 """The package facade may import anything; bootstrap.py runs as a plain file and may import nothing of ours."""

@@ -19,13 +19,12 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMa
 
 from ..errors import FusionLabError
 from . import registry
-from .attention_core import (LayerRuntime, Recorder, apply_edits, attend, attention_scale, base_attention,
-                             decode_packed, record, repeat_kv, visible)
+from .attention_core import (AttentionOverride, LayerRuntime, Recorder, apply_edits, attend, attention_scale,
+                             base_attention, decode_packed, record, repeat_kv, visible)
 from .batch_attention import batched_attention
 from .slot_buffer import FAR, JointBuffer
-from .train_attention import train_attention
 
-__all__ = ["LayerRuntime", "Recorder", "fusion_attention", "impl_name", "install_interface"]
+__all__ = ["AttentionOverride", "LayerRuntime", "Recorder", "fusion_attention", "impl_name", "install_interface"]
 
 
 def impl_name(base: str) -> str:
@@ -119,10 +118,9 @@ def fusion_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
     if rt is None:
         raise FusionLabError("a FusionLab attention function ran on a model that is not fused (closed?); "
                              "call model.set_attn_implementation('sdpa') or fuse() again.")
-    if rt.active and rt.train:  # the training path: differentiable slots, no cache
-        return train_attention(query, key, value, _query_positions(kw, key, query), rt.train,
-                               attention_scale(query, scaling),
-                               kw.get("sliding_window"), kw.get("softcap")), None
+    if rt.active and rt.override is not None:  # a hook's own attention (fusionlab.training's differentiable slots)
+        return rt.override(query, key, value, _query_positions(kw, key, query), attention_scale(query, scaling),
+                           kw.get("sliding_window"), kw.get("softcap")), None
     inject = rt.active and bool(rt.injections)  # injections only inside the FusedModel's own passes
     if not inject and rt.recorder is None:
         return base_attention(module, rt.base)(module, query, key, value, attention_mask, scaling=scaling,

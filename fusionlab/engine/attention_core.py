@@ -1,7 +1,8 @@
 """The pieces every fused attention path shares: one place for each rule.
 
-`attention.py` (one sequence, with its exact fast paths), `batch_attention.py` (left-padded rows) and
-`train_attention.py` (differentiable slots) are thin callers of these. This module imports nothing of the engine
+`attention.py` (one sequence, with its exact fast paths) and `batch_attention.py` (left-padded rows) are thin callers
+of these; `fusionlab.training.attention` (differentiable slots) uses `visible` and `repeat_kv` and plugs in through
+`LayerRuntime.override` (the engine knows nothing about training). This module imports nothing of the engine
 except the slot buffer's types, so no attention file needs another's private helpers.
 
 - `visible`: the one visibility rule (a key at position p is seen by a query at q iff p <= q, and q - p < window
@@ -9,7 +10,8 @@ except the slot buffer's types, so no attention file needs another's private hel
 - `apply_edits`: the one replace / blend edit of the master's own K/V;
 - `attention_scale`, `repeat_kv`, `probs`: the scale default, GQA expansion and reference softmax;
 - `attend`: the one backend dispatch (packed decode / sdpa / eager math) for an explicit score bias;
-- `LayerRuntime`, `Recorder`, `record`: a layer's fusion state and attention capture.
+- `LayerRuntime`, `Recorder`, `record`: a layer's fusion state and attention capture;
+- `AttentionOverride`: the one hook another package may set on a layer (FusedModel.attention_overrides).
 """
 from __future__ import annotations
 
@@ -43,6 +45,12 @@ class Recorder:
     exactly zero-probability future positions. For aggregating recorders; full maps keep every key."""
 
 
+AttentionOverride = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float, "int | None",
+                              "float | None"], torch.Tensor]
+"""override(query (B, H, Q, D), key, value (B, H_kv, Q, D), q_pos (Q,), scale, sliding_window, softcap) -> (B, Q, H, D):
+a layer's whole attention, replacing the fused path (set through FusedModel.attention_overrides, removed on exit)."""
+
+
 @dataclass
 class LayerRuntime:
     layer: int
@@ -55,8 +63,8 @@ class LayerRuntime:
     """True only inside the FusedModel's own forward passes; otherwise the master runs as itself."""
     recorder: Recorder | None = None
     """Set by FusedModel.recording(); key_src is -1 for the master's own keys, else the slave index."""
-    train: "list[Any] | None" = None
-    """Set by FusedModel.train_logits(): this layer's TrainSlots (differentiable path, train_attention.py)."""
+    override: AttentionOverride | None = None
+    """Set by FusedModel.attention_overrides() (fusionlab.training: differentiable slots, no cache)."""
     past: int = 0
     """Cache entries before this forward (set by FusedModel._forward): where the new own keys go."""
     q_real: torch.Tensor | None = None

@@ -111,19 +111,23 @@ class FusedModel:
         seq.next_pos = seq.next_pos + (q if real is None else real.sum(1))
         return out.logits
 
-    def train_logits(self, ids: torch.Tensor, slots: dict[int, list[Any]], start: int = 0) -> torch.Tensor:
-        """The training path: logits (1, T, V) of ids (1, T) at positions start.., with gradients through `slots`
-        ({master layer: [TrainSlots]}, built by the trainer from this fusion's slaves). No cache, nothing placed."""
+    @contextmanager
+    def attention_overrides(self, overrides: dict[int, att.AttentionOverride]) -> Iterator[None]:
+        """Inside the block, master layer i's attention is `overrides[i]` (see AttentionOverride) instead of the fused
+        path; every other layer runs as the master's own. The hook `fusionlab.training` uses for its differentiable
+        slots (the engine knows nothing about training). Removed on exit, also on error."""
         self._check_open()
-        pos = torch.arange(start, start + ids.shape[1], device=self.master.device).view(1, -1)
-        for i, rt in self._runtimes.items():
-            rt.train, rt.active = slots.get(i) or None, True
+        for i in overrides:
+            if i not in self._runtimes:
+                raise FusionLabError(f"attention_overrides: layer {i} out of range (master has "
+                                     f"{len(self._runtimes)} layers); use layers 0..{len(self._runtimes) - 1}.")
         try:
-            with torch.enable_grad():
-                return self.master.model(input_ids=ids, position_ids=pos, use_cache=False).logits
+            for i, fn in overrides.items():
+                self._runtimes[i].override, self._runtimes[i].active = fn, True
+            yield
         finally:
-            for rt in self._runtimes.values():
-                rt.train, rt.active = None, False
+            for i in overrides:
+                self._runtimes[i].override, self._runtimes[i].active = None, False
 
     def _start(self, prompt: Any, new_tokens: int, chat: bool, context: Any, prompt_len: int | None,
                attention_mask: Any) -> tuple[list[Row], bool, SequenceState, torch.Tensor]:

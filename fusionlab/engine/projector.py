@@ -6,6 +6,7 @@ calibration text through both models (`fit_lstsq`, in fit.py), saved with the pa
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,10 +39,13 @@ class Projector:
     def describe(self) -> str:
         return self.kind
 
+    def learned_gates(self) -> dict[int, float] | None:
+        """Per-layer gates the projector carries (a trained fuser's: fusionlab.training); they multiply the Slave's
+        gates. None: it carries none."""
+        return None
+
     def fingerprint(self) -> str:
         """What identifies this projector's function (for cache keys): its kind, plus its weights where it has any."""
-        import hashlib
-
         h = hashlib.sha256(self.kind.encode())
         state = self.state_dict() if hasattr(self, "state_dict") else getattr(self, "weights", {})
         for name in sorted(state):
@@ -175,7 +179,7 @@ def make_projector(p: str | Projector | None) -> Projector:
 
 LOADERS: dict[str, Callable[[str | Path], Projector]] = {"lstsq": LstsqProjector.load}
 """Saved-projector kind (the file's metadata "kind") -> its loader. A module defining a new kind registers it
-(`engine/fuser.py` adds "learned" at import), so this file needs to know nothing about training."""
+(`fusionlab/training/fuser.py` adds "learned" at import), so this file needs to know nothing about training."""
 
 
 def register_loader(kind: str, load: Callable[[str | Path], Projector]) -> None:

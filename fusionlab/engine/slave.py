@@ -64,9 +64,9 @@ class Slave:
         proj = make_projector(self.projector)
         proj.prepare(master, self.lm, lmap)
         gates = _gates(self.gate, lmap)
-        learned = getattr(proj, "learned_gates", None)  # a trained fuser carries its own gates: they multiply
+        learned = proj.learned_gates()  # a trained fuser carries its own gates: they multiply
         if learned is not None:
-            gates = {i: g * learned().get(i, 0.0) for i, g in gates.items()}
+            gates = {i: g * learned.get(i, 0.0) for i, g in gates.items()}
         return ResolvedSlave(self, lmap, proj, gates, same_tok)
 
 

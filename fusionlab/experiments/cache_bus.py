@@ -85,7 +85,7 @@ def humaneval_claim(table: pd.DataFrame, pairs: pd.DataFrame, kinds: pd.DataFram
                  measured=f"master {fmt('master alone')}; {bus} {fmt(bus)}; McNemar p={p:.2g}; "
                           + ", ".join(f"{s} {fmt(s)}" for s in t.index if s not in ("master alone", bus))
                           + f"; syntax errors: master {kinds.loc['master alone', 'syntax error']}, "
-                            f"{bus} {kinds.loc[bus, 'syntax error']} of {n_tasks}",
+                          f"{bus} {kinds.loc[bus, 'syntax error']} of {n_tasks}",
                  n=f"n={int(t.loc['master alone', 'n'])} problems", setup=setup,
                  verdict="supported" if better else ("not supported" if worse or n_tasks >= 100 else "inconclusive"),
                  claim_id="C51", notebook=notebook)
@@ -109,4 +109,5 @@ def memory_claim(peak_gb: float, slot_bytes: int, batch: int | None = None) -> C
     return Claim(claim="the three-model setup needs 22.1 GB", seed_section="last section", seed_value="22.1 GB",
                  measured=f"not our models; our bus: peak RSS {peak_gb:.1f} GB (fp32 CPU{probe}), slots "
                           f"{slot_bytes / 2**20:.2f} MiB on a short prompt",
-                 n="-", setup="needs the blog's 7B-class models and a GPU", verdict="not testable here", claim_id="C52", notebook=NB)
+                 n="-", setup="needs the blog's 7B-class models and a GPU", verdict="not testable here", claim_id="C52",
+                 notebook=NB)

@@ -205,11 +205,12 @@ def linear_state_claim(lengths: tuple[int, ...] = (4_096, 131_072, 1_048_576)) -
     """C61: per layer type, cache bytes of Qwen3-Next-80B's published geometry (3 linear : 1 full) over length."""
     lin, full, fixed = state_over_length(QWEN3_NEXT_80B, "linear_attention", lengths)
     verdict = "supported" if fixed else "not supported"
-    return Claim("linear attention is O(n) and keeps no full KV", "B§1.3", "qualitative",
-                 f"36 linear-attention layers hold {lin[0] / 2**20:.1f} MiB at every length {list(lengths)} (a fixed "
-                 f"state: per token O(1) work, O(n) over a sequence); the 12 full layers grow {full[0] / 2**20:,.0f} → "
-                 f"{full[-1] / 2**20:,.0f} MiB", "- (exact arithmetic)",
-                 "kv.budget on Qwen3-Next-80B's published config (bf16)", verdict, NB, "C61")
+    return Claim(claim="linear attention is O(n) and keeps no full KV", seed_section="B§1.3", seed_value="qualitative",
+                 measured=f"36 linear-attention layers hold {lin[0] / 2**20:.1f} MiB at every length {list(lengths)} (a fixed "
+                          f"state: per token O(1) work, O(n) over a sequence); the 12 full layers grow {full[0] / 2**20:,.0f} → "
+                          f"{full[-1] / 2**20:,.0f} MiB",
+                 n="- (exact arithmetic)", setup="kv.budget on Qwen3-Next-80B's published config (bf16)",
+                 verdict=verdict, notebook=NB, claim_id="C61")
 
 
 def hybrid_context_claim(params: float = 27e9, card_gb: float = 24.0, layers: int = 40, kv_heads: int = 32,
@@ -226,13 +227,16 @@ def hybrid_context_claim(params: float = 27e9, card_gb: float = 24.0, layers: in
         verdict = "supported"
     else:
         verdict = "partly supported" if tokens["bf16"] >= 32_768 else "not supported"
-    return Claim("this enables 1M context; 32K–128K is realistic on consumer cards", "B§2.2, §3.4", "1M, 32–128K",
-                 f"{free:.1f} GB left after 4-bit weights; {attn_layers} attention layers take "
-                 f"{per_token['bf16'] / 1024:.0f} KiB/token in bf16: {tokens['bf16'] / 1e3:.0f}K tokens fit "
-                 f"(int8 {tokens['int8'] / 1e3:.0f}K, int4 {tokens['int4'] / 1e3:.0f}K); 1M tokens need "
-                 f"{need_1m['bf16']:.0f} GB of KV in bf16 ({need_1m['int4']:.0f} GB in int4)", "- (exact arithmetic)",
-                 f"the post's assumed {layers} x {kv_heads} x {head_dim} geometry, {attention_share:.0%} attention "
-                 f"layers, {card_gb:g} GB card", verdict, NB, "C68")
+    return Claim(claim="this enables 1M context; 32K–128K is realistic on consumer cards", seed_section="B§2.2, §3.4",
+                 seed_value="1M, 32–128K",
+                 measured=f"{free:.1f} GB left after 4-bit weights; {attn_layers} attention layers take "
+                          f"{per_token['bf16'] / 1024:.0f} KiB/token in bf16: {tokens['bf16'] / 1e3:.0f}K tokens fit "
+                          f"(int8 {tokens['int8'] / 1e3:.0f}K, int4 {tokens['int4'] / 1e3:.0f}K); 1M tokens need "
+                          f"{need_1m['bf16']:.0f} GB of KV in bf16 ({need_1m['int4']:.0f} GB in int4)",
+                 n="- (exact arithmetic)",
+                 setup=f"the post's assumed {layers} x {kv_heads} x {head_dim} geometry, {attention_share:.0%} attention "
+                       f"layers, {card_gb:g} GB card",
+                 verdict=verdict, notebook=NB, claim_id="C68")
 
 
 def wilson_text(k: int, n: int) -> str:
@@ -253,26 +257,32 @@ def claims(m: dict[str, Any], setup: str) -> list[Claim]:
     wv, ws = window_niah_verdict(m["window_niah"])
     nt = t["next_token"]
     return [
-        Claim("a sliding window keeps only the last W tokens", "B§1.3", "W",
-              f"after {s['tokens']} tokens with W={s['window']}: sliding layers keep {sorted(kinds.get('sliding_attention', []))}"
-              f" entries, full layers {sorted(kinds.get('full_attention', []))}; the kept keys are exactly the last "
-              f"ones attention saw: {tails} (the current token's own key makes W)", "-",
-              "gemma3-270m, fp32 CPU, transformers' DynamicCache", sliding_cache_verdict(s), NB, "C63"),
-        Claim("patch flash-attn to truncate K to q's length (\"line 217\")", "A§3.4", "line 217",
-              f"with {t['prefix_tokens']} prefix keys before a {t['question_tokens']}-token question, K truncated to "
-              f"q's length gives the output without the prefix (max |Δlogit| vs the question alone "
-              f"{t['truncated_vs_floor']:.1e}; the full K moves it by {t['skyline_vs_floor']:.1f}); next token: "
-              f"full {nt['skyline']!r}, truncated {nt['truncated']!r}, without prefix {nt['floor']!r} (the patch removes "
-              "the assertion by dropping the injected keys)", "-", setup + "; sdpa (no flash-attn here)",
-              truncation_verdict(t), NB, "C30"),
-        Claim("INT8/INT4 KV quantization is the main practical fix", "B§1.3", "×½, ×¼",
-              f"full-precision NLL {q['nll']:.3f}; {bits}", f"n={q['n']} held-out texts, paired bootstrap",
-              setup + f"; K and V rounded in groups of {kv.QUANT_GROUP} (fp16 scale and zero point), per token, or "
-              "keys per channel (KIVI), every position including the current one; verdict on the better scheme",
-              quantization_verdict(q), NB, "C65"),
-        Claim("a sliding window sacrifices long-range dependencies", "B§1.3", "qualitative",
-              f"needles farther than the 512-token window: found by the intact model {wilson_text(ws['intact'], ws['n'])}, "
-              f"with its global layers limited to the window {wilson_text(ws['windowed'], ws['n'])}; McNemar "
-              f"p={ws['p_value']:.2g}", f"n={ws['n']} far cells (needles x lengths x depths)",
-              "gemma3-270m (base), fp32 CPU, greedy; global layers windowed by mask (RoPE untouched)", wv, NB, "C64"),
+        Claim(claim="a sliding window keeps only the last W tokens", seed_section="B§1.3", seed_value="W",
+              measured=f"after {s['tokens']} tokens with W={s['window']}: sliding layers keep {sorted(kinds.get('sliding_attention', []))}"
+                       f" entries, full layers {sorted(kinds.get('full_attention', []))}; the kept keys are exactly the last "
+                       f"ones attention saw: {tails} (the current token's own key makes W)",
+              n="-", setup="gemma3-270m, fp32 CPU, transformers' DynamicCache", verdict=sliding_cache_verdict(s),
+              notebook=NB, claim_id="C63"),
+        Claim(claim="patch flash-attn to truncate K to q's length (\"line 217\")", seed_section="A§3.4",
+              seed_value="line 217",
+              measured=f"with {t['prefix_tokens']} prefix keys before a {t['question_tokens']}-token question, K truncated to "
+                       f"q's length gives the output without the prefix (max |Δlogit| vs the question alone "
+                       f"{t['truncated_vs_floor']:.1e}; the full K moves it by {t['skyline_vs_floor']:.1f}); next token: "
+                       f"full {nt['skyline']!r}, truncated {nt['truncated']!r}, without prefix {nt['floor']!r} (the patch removes "
+                       "the assertion by dropping the injected keys)",
+              n="-", setup=setup + "; sdpa (no flash-attn here)", verdict=truncation_verdict(t), notebook=NB,
+              claim_id="C30"),
+        Claim(claim="INT8/INT4 KV quantization is the main practical fix", seed_section="B§1.3", seed_value="×½, ×¼",
+              measured=f"full-precision NLL {q['nll']:.3f}; {bits}", n=f"n={q['n']} held-out texts, paired bootstrap",
+              setup=setup + f"; K and V rounded in groups of {kv.QUANT_GROUP} (fp16 scale and zero point), per token, or "
+                    "keys per channel (KIVI), every position including the current one; verdict on the better scheme",
+              verdict=quantization_verdict(q), notebook=NB, claim_id="C65"),
+        Claim(claim="a sliding window sacrifices long-range dependencies", seed_section="B§1.3",
+              seed_value="qualitative",
+              measured=f"needles farther than the 512-token window: found by the intact model {wilson_text(ws['intact'], ws['n'])}, "
+                       f"with its global layers limited to the window {wilson_text(ws['windowed'], ws['n'])}; McNemar "
+                       f"p={ws['p_value']:.2g}",
+              n=f"n={ws['n']} far cells (needles x lengths x depths)",
+              setup="gemma3-270m (base), fp32 CPU, greedy; global layers windowed by mask (RoPE untouched)", verdict=wv,
+              notebook=NB, claim_id="C64"),
     ]

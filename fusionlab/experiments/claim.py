@@ -16,9 +16,10 @@ VERDICTS = ("supported", "not supported", "partly supported", "not testable here
 """`not measured yet` is never saved by a notebook: the ledger gives it to a claim no saved result covers yet."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Claim:
-    """One claim from a seed blog post, and what we measured or computed for it."""
+    """One claim from a seed blog post, and what we measured or computed for it (keyword arguments only: eight
+    strings in a row are too easy to swap)."""
 
     claim: str
     seed_section: str
@@ -60,7 +61,8 @@ def claim_ids(path: Path | None = None) -> pd.DataFrame:
 
 
 GPU_PREPARED = ("C14", "C15", "C27", "C28", "C29", "C36", "C47", "C50")
-"""Claims benchmarks/gpu_claims.py measures on a lent GPU (its JSON goes to benchmarks/results/gpu_claims.json)."""
+"""Claims benchmarks/gpu_claims.py measures on a lent GPU; once its JSON is in benchmarks/results/gpu_claims.json,
+experiments/gpu_claims.py's rules give their ledger rows instead of these."""
 
 
 def unmeasured(seen: set[str], path: Path | None = None) -> list[Claim]:
@@ -78,8 +80,9 @@ def unmeasured(seen: set[str], path: Path | None = None) -> list[Claim]:
         elif r["class"] == "b":
             verdict, measured = "not testable here", "needs a GPU" + (f": {plan}" if plan else "")
             if r["id"] in GPU_PREPARED:
-                measured += "; prepared: benchmarks/gpu_claims.py (not run yet: no GPU lent to a session so far)"
+                measured += "; prepared: benchmarks/gpu_claims.py (not run yet: no benchmarks/results/gpu_claims.json)"
         else:
-            verdict, measured = "not measured yet", f"planned: {plan}" if plan else "planned (see CLAIMS.md)"
-        rows.append(Claim(r["claim"], r["where"], str(r["post_value"]), measured, "-", "-", verdict, "-", r["id"]))
+            verdict, measured = "not measured yet", f"planned: {plan}" if plan else "planned (data/claims.csv: status_at_import)"
+        rows.append(Claim(claim=r["claim"], seed_section=r["where"], seed_value=str(r["post_value"]), measured=measured,
+                          n="-", setup="-", verdict=verdict, notebook="-", claim_id=r["id"]))
     return rows

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..engine.train import TrainChunk
+from ..training.chunks import TrainChunk
 from ..errors import FusionLabError
 from ..paths import asset
 from .niah import haystack_dir

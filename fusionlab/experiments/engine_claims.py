@@ -194,33 +194,40 @@ def claims(m: dict[str, Any], setup: str) -> list[Claim]:
     nlo, nhi = e["nll_diff_ci"]
     bs = ", ".join(f"b={r['batch']}: {r['tokens_per_s']:.0f} tok/s, {r['step_ms']:.0f} ms/step" for r in b)
     return [
-        Claim("enabling gradients makes the stitched model non-deterministic", "A§2.3", "qualitative",
-              f"{g['repeats']} repeats under enable_grad bitwise identical: {g['grad_repeats_identical']}; "
-              f"enable_grad vs no_grad max |Δlogit| {g['grad_vs_no_grad_max_abs']:.1e} (FusionLab's fused inference "
-              "runs under inference_mode regardless)", f"n={g['repeats']} x 2", setup, grad_verdict(g), NB, "C13"),
-        Claim("the slave needs `use_cache=False` to expose K/V", "A§3.2", "qualitative",
-              f"the K/V hooks see {u['layers_seen_use_cache_true']} layers with use_cache=True and "
-              f"{u['layers_seen_use_cache_false']} with False; identical tensors: {u['identical']}", "-", setup,
-              use_cache_verdict(u), NB, "C20"),
-        Claim("`eval()` + `no_grad` are mandatory against dropout", "A§3.2", "qualitative",
-              f"train() vs eval() max |Δlogit| {d['train_vs_eval_max_abs']:.1e}; dropout rates: {rates}"
-              + ("" if d["train_vs_eval_max_abs"] > 0 else " (no dropout is active in these models, so eval() changes "
-                 "nothing here; it would matter for a model trained with dropout)"),
-              "-", setup, dropout_verdict(d), NB, "C24"),
-        Claim("`strict=False` only postpones the error to a CUDA error", "A§5.1", "qualitative",
-              (f"load_state_dict(strict=False) fails at load: {s['error']}" if s["fails_at_load"]
-               else "strict=False loaded the mismatched weights"), "-", "two tiny models of different widths",
-              strict_false_verdict(s), NB, "C44"),
-        Claim("cached decoding equals recomputing everything", "B§1.1", "qualitative",
-              f"{c['same_argmax']}/{c['steps']} greedy tokens the same, max |Δlogit| {c['max_abs_logit_diff']:.1e} "
-              f"({c['dtype']})", f"n={c['steps']} steps", setup, cached_decoding_verdict(c), NB, "C56"),
-        Claim("the master's output smoothness drops < 0.3 %; fused output entropy is higher", "A§2.2, §5.4",
-              "< 0.3 %",
-              f"entropy {e['entropy_master']:.3f} → {e['entropy_fused']:.3f} nats (Δ {e['entropy_diff']:+.3f}, "
-              f"95% CI [{lo:+.3f}, {hi:+.3f}]); NLL {e['nll_master']:.3f} → {e['nll_fused']:.3f} "
-              f"(Δ CI [{nlo:+.3f}, {nhi:+.3f}], {(e['nll_fused'] / e['nll_master'] - 1):+.1%}; the post: < 0.3 %)",
-              f"n={e['n']} held-out texts, paired bootstrap",
-              setup + ", SmolLM2 slave, lstsq, concat", entropy_verdict(e), NB, "C05"),
-        Claim("a larger batch raises throughput and latency", "B§4.2", "qualitative", bs,
-              f"median of {b[0]['reps']} reps", setup + ", plain master", batching_verdict(b), NB, "C70"),
+        Claim(claim="enabling gradients makes the stitched model non-deterministic", seed_section="A§2.3",
+              seed_value="qualitative",
+              measured=f"{g['repeats']} repeats under enable_grad bitwise identical: {g['grad_repeats_identical']}; "
+                       f"enable_grad vs no_grad max |Δlogit| {g['grad_vs_no_grad_max_abs']:.1e} (FusionLab's fused inference "
+                       "runs under inference_mode regardless)",
+              n=f"n={g['repeats']} x 2", setup=setup, verdict=grad_verdict(g), notebook=NB, claim_id="C13"),
+        Claim(claim="the slave needs `use_cache=False` to expose K/V", seed_section="A§3.2", seed_value="qualitative",
+              measured=f"the K/V hooks see {u['layers_seen_use_cache_true']} layers with use_cache=True and "
+                       f"{u['layers_seen_use_cache_false']} with False; identical tensors: {u['identical']}",
+              n="-", setup=setup, verdict=use_cache_verdict(u), notebook=NB, claim_id="C20"),
+        Claim(claim="`eval()` + `no_grad` are mandatory against dropout", seed_section="A§3.2",
+              seed_value="qualitative",
+              measured=f"train() vs eval() max |Δlogit| {d['train_vs_eval_max_abs']:.1e}; dropout rates: {rates}"
+                       + ("" if d["train_vs_eval_max_abs"] > 0 else " (no dropout is active in these models, so eval() changes "
+                       "nothing here; it would matter for a model trained with dropout)"),
+              n="-", setup=setup, verdict=dropout_verdict(d), notebook=NB, claim_id="C24"),
+        Claim(claim="`strict=False` only postpones the error to a CUDA error", seed_section="A§5.1",
+              seed_value="qualitative",
+              measured=f"load_state_dict(strict=False) fails at load: {s['error']}" if s["fails_at_load"]
+                       else "strict=False loaded the mismatched weights",
+              n="-", setup="two tiny models of different widths", verdict=strict_false_verdict(s), notebook=NB,
+              claim_id="C44"),
+        Claim(claim="cached decoding equals recomputing everything", seed_section="B§1.1", seed_value="qualitative",
+              measured=f"{c['same_argmax']}/{c['steps']} greedy tokens the same, max |Δlogit| {c['max_abs_logit_diff']:.1e} "
+                       f"({c['dtype']})",
+              n=f"n={c['steps']} steps", setup=setup, verdict=cached_decoding_verdict(c), notebook=NB, claim_id="C56"),
+        Claim(claim="the master's output smoothness drops < 0.3 %; fused output entropy is higher",
+              seed_section="A§2.2, §5.4", seed_value="< 0.3 %",
+              measured=f"entropy {e['entropy_master']:.3f} → {e['entropy_fused']:.3f} nats (Δ {e['entropy_diff']:+.3f}, "
+                       f"95% CI [{lo:+.3f}, {hi:+.3f}]); NLL {e['nll_master']:.3f} → {e['nll_fused']:.3f} "
+                       f"(Δ CI [{nlo:+.3f}, {nhi:+.3f}], {(e['nll_fused'] / e['nll_master'] - 1):+.1%}; the post: < 0.3 %)",
+              n=f"n={e['n']} held-out texts, paired bootstrap", setup=setup + ", SmolLM2 slave, lstsq, concat",
+              verdict=entropy_verdict(e), notebook=NB, claim_id="C05"),
+        Claim(claim="a larger batch raises throughput and latency", seed_section="B§4.2", seed_value="qualitative",
+              measured=bs, n=f"median of {b[0]['reps']} reps", setup=setup + ", plain master",
+              verdict=batching_verdict(b), notebook=NB, claim_id="C70"),
     ]

@@ -54,11 +54,13 @@ def information_claim(table: pd.DataFrame) -> Claim:
     verdict = ("inconclusive" if not enough else "supported" if winners else
                "inconclusive" if any_beats_master else "not supported")
     return Claim(claim="a learned fuser makes the master better with the slave's information (beats the master and "
-                       "shuffled, noise and constant-slot controls)", seed_section="2.2 / C2C",
-                 seed_value="C2C: +6-14% over the receiver", measured="; ".join(parts) + " (held-out NLL, nats/token)",
+                       "shuffled, noise and constant-slot controls)",
+                 seed_section="2.2 / C2C", seed_value="C2C: +6-14% over the receiver",
+                 measured="; ".join(parts) + " (held-out NLL, nats/token)",
                  n=f"n={int(table['n'].min()) if len(table) else 0} held-out chunks (code, English, Chinese)",
                  setup="Qwen 0.5B master; SmolLM2 / Gemma 270M slaves; blend fusers (lstsq warm start + rank-32 "
-                       "residual), trained on this CPU", verdict=verdict, claim_id="X02", notebook=NB)
+                       "residual), trained on this CPU",
+                 verdict=verdict, claim_id="X02", notebook=NB)
 
 
 def never_worse(table: pd.DataFrame, pass_pairs: pd.DataFrame | None = None) -> pd.DataFrame:

@@ -18,11 +18,12 @@ import torch
 
 from ..analysis.stats import bootstrap_ci
 from ..engine.fuse import FusedModel, fuse
-from ..engine.fuser import FuserConfig, LearnedFuser, match_table
+from ..training.fuser import FuserConfig, LearnedFuser, match_table
 from ..engine.lm import LM
 from ..engine.projector import LstsqProjector
 from ..engine.slave import Slave
-from ..engine.train import TrainChunk, TrainConfig, _prepare, loss_of, train_fuser
+from ..training.chunks import TrainChunk, loss_of, prepare
+from ..training.train import TrainConfig, train_fuser
 from ..errors import FusionLabError
 from ..paths import cache_dir, data_dir
 from . import corpora
@@ -148,7 +149,7 @@ def chunk_nll(master: LM, e: Evaluated, chunks: list[TrainChunk], task: str) -> 
                              align="mean")]) as fused:
         n = len(chunks)
         reads = [(i + 1) % n for i in range(n)] if e.reads == "shuffled" else list(range(n))
-        data = _prepare(fused, chunks, task, reads)
+        data = prepare(fused, chunks, task, reads)
         learned = e.fuser if isinstance(e.fuser, LearnedFuser) else None
         return [float(loss_of(fused, learned, p)) for p in data]
 
@@ -192,7 +193,7 @@ def edit_size(fuser: LearnedFuser, master: LM, slave: LM, chunks: list[TrainChun
     rows = []
     with fuse(master, [Slave(slave, layer_map=fuser.layer_map, projector=fuser, mode=fuser.config.mode,
                              align="mean")]) as fused:
-        data = _prepare(fused, chunks, "same", list(range(len(chunks))))
+        data = prepare(fused, chunks, "same", list(range(len(chunks))))
         rs = fused.slaves[0]
         for p in data:
             own = capture_kv(master, p.ids, fuser.layers)

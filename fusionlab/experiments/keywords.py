@@ -205,7 +205,7 @@ def keyword_claim(last: pd.DataFrame, answer: pd.DataFrame | None = None, n_answ
     specific = {lab: _reaches_claim(f) for lab, f in frames.items()}
     n = int(last[last["tokens"] == "keyword"]["n_prompts"].max())
     return Claim(claim="attention on instruction keywords is 2.3x higher in the stitched model", seed_section="4.2",
-                 seed_value="2.3x", measured="; ".join(_best(f, lab) for lab, f in frames.items()),
-                 n=f"n={n} prompts", setup="Qwen 0.5B + lstsq slaves (concat, blend), mean over layers/heads",
-                 verdict="supported" if any(specific.values()) else "not supported",
-                 claim_id="C35", notebook="03_instruction_keyword_attention")
+                 seed_value="2.3x", measured="; ".join(_best(f, lab) for lab, f in frames.items()), n=f"n={n} prompts",
+                 setup="Qwen 0.5B + lstsq slaves (concat, blend), mean over layers/heads",
+                 verdict="supported" if any(specific.values()) else "not supported", claim_id="C35",
+                 notebook="03_instruction_keyword_attention")

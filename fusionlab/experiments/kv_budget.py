@@ -139,9 +139,9 @@ def worked_example_claim(worked: pd.DataFrame, needed: int, assumed_gb: float) -
     g2, g3 = w.loc["Gemma 2 27B"], w.loc["Gemma 3 27B"]
     return Claim(claim="27B model, 32K context: KV cache ~21.5 GB (bf16)", seed_section="seed 2, KV formula",
                  seed_value="21.5 GB", n="- (exact arithmetic)",
-                 measured=(f"Gemma 2 27B {g2[full]:.1f} GB, Gemma 3 27B {g3[full]:.1f} GB (all-full formula); "
-                           f"{g2[slid]:.1f} / {g3[slid]:.1f} GB with sliding windows; the post's assumed 40 x 32 x 128 "
-                           f"gives {assumed_gb:.2f} GB (right); 21.5 GB needs L*H_kv*D={needed:,}"),
+                 measured=f"Gemma 2 27B {g2[full]:.1f} GB, Gemma 3 27B {g3[full]:.1f} GB (all-full formula); "
+                          f"{g2[slid]:.1f} / {g3[slid]:.1f} GB with sliding windows; the post's assumed 40 x 32 x 128 "
+                          f"gives {assumed_gb:.2f} GB (right); 21.5 GB needs L*H_kv*D={needed:,}",
                  setup="fl.kv.budget on published configs, batch 1, bf16", verdict=verdict, claim_id="C58", notebook=NB)
 
 
@@ -164,7 +164,8 @@ def hybrid_claim(ratio_32k: float, ratio_4k: float) -> Claim:
                           "contexts pay more)",
                  n="- (exact arithmetic)",
                  setup="Gemma 3 27B geometry, 3:1 linear:full, Qwen3-Next linear state sizes, bf16",
-                 verdict="supported" if abs(ratio_32k - 0.25) < 0.03 else "partly supported", claim_id="C67", notebook=NB)
+                 verdict="supported" if abs(ratio_32k - 0.25) < 0.03 else "partly supported", claim_id="C67",
+                 notebook=NB)
 
 
 def stitched_fit_claim() -> Claim:
@@ -172,12 +173,14 @@ def stitched_fit_claim() -> Claim:
     w = {bits: weights_gb(2 * 9e9, bits) for bits in (16, 8, 4)}
     return Claim(claim="stitched 9B+9B fits a 24 GB card at 19.7 GB", seed_section="seed 1", seed_value="19.7 GB",
                  measured=f"weights alone: {w[16]:.0f} GB bf16, {w[8]:.0f} GB int8, {w[4]:.0f} GB int4; 19.7 GB needs "
-                          "<= 8-bit weights", n="-", setup="arithmetic; no GPU or 9B weights here",
-                 verdict="not testable here", claim_id="C32", notebook=NB)
+                          "<= 8-bit weights",
+                 n="-", setup="arithmetic; no GPU or 9B weights here", verdict="not testable here", claim_id="C32",
+                 notebook=NB)
 
 
 def prealloc_claim() -> Claim:
     return Claim(claim="pre-allocating the cache lowers peak memory by 3.2 GB", seed_section="seed 1",
                  seed_value="-3.2 GB",
                  measured="needs a GPU allocator; FusionLab pre-allocates the fused slots (one buffer per layer, "
-                          "filled once)", n="-", setup="not run", verdict="not testable here", claim_id="C29", notebook=NB)
+                          "filled once)",
+                 n="-", setup="not run", verdict="not testable here", claim_id="C29", notebook=NB)

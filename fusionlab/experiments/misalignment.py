@@ -182,8 +182,9 @@ def rope_claim(rope_nll: pd.DataFrame) -> Claim:
     fixed = (by["fused, re-rotated"] - by["master alone"]).values
     ok = bootstrap_ci(naive)[0] > 0 and bootstrap_ci(fixed)[1] < bootstrap_ci(naive)[0]
     return Claim(claim="RoPE must agree between master and slave (for naive post-RoPE injection)", seed_section="2",
-                 seed_value="required", measured=f"naive post-RoPE keys: NLL +{naive.mean():.2f} ({_ci(naive)}); "
-                                                 f"re-rotated: {fixed.mean():+.2f} ({_ci(fixed)})",
+                 seed_value="required",
+                 measured=f"naive post-RoPE keys: NLL +{naive.mean():.2f} ({_ci(naive)}); "
+                          f"re-rotated: {fixed.mean():+.2f} ({_ci(fixed)})",
                  n=f"n={len(naive)} (variant x text)", setup="Qwen + RoPE-altered Qwen, concat all layers",
                  verdict="supported" if ok else "inconclusive", claim_id="C10", notebook=NB)
 
@@ -198,7 +199,8 @@ def norm_claim(real_pair: str, norm: pd.DataFrame) -> Claim:
                  measured=f"real pair: impossible ({real_pair[:60]}...); tiny pair: slave NLL {delta.mean():+.2f} "
                           f"({_ci(delta)})",
                  n=f"n={len(delta)} texts (tiny models, random weights)", setup="tiny-qwen2 norms into tiny-phi3",
-                 verdict="not supported" if lo > 0 else "supported" if hi < 0 else "inconclusive", claim_id="C12", notebook=NB)
+                 verdict="not supported" if lo > 0 else "supported" if hi < 0 else "inconclusive", claim_id="C12",
+                 notebook=NB)
 
 
 def stride_claim(maps: pd.DataFrame, master_nll: list[float]) -> Claim:

@@ -48,10 +48,11 @@ def hallucination_claim(rates: pd.DataFrame) -> Claim:
     below = all(at.loc[s, "wrong_hi"] < 0.39 for s in naive)
     return Claim(claim="RoPE mismatch raises QA hallucination", seed_section="2.3", seed_value="12% -> 39% at 8K",
                  measured=f"at {L} tokens: " + ", ".join(f"{s} {_fmt(at.loc[s])}" for s in shown)
-                 + _pooled(rates, shown),
+                          + _pooled(rates, shown),
                  n=f"n={int(at.loc['single', 'n'])} per setting (needles x depths)",
                  setup=f"Qwen 0.5B, concat all layers, RoPE-altered self-slave, {L} tokens",
-                 verdict="supported" if up else ("not supported" if below else "inconclusive"), claim_id="C11", notebook=NB)
+                 verdict="supported" if up else ("not supported" if below else "inconclusive"), claim_id="C11",
+                 notebook=NB)
 
 
 def memory_claim(rates: pd.DataFrame, eff: pd.DataFrame, lengths: list[int]) -> Claim:
@@ -79,8 +80,9 @@ def degradation_claim(rates: pd.DataFrame, run_size: str, notebook: str = "08_re
     drop = z["correct_hi"] < a["correct_lo"]
     curve = ", ".join(f"{int(r['length'])}: {r['correct']:.0%} [{r['correct_lo']:.0%}, {r['correct_hi']:.0%}]"
                       for _, r in single.iterrows())
-    return Claim("long-context quality degrades even with KV optimisations", "B§4.4", "qualitative",
-                 f"Qwen 0.5B alone, NIAH accuracy by length: {curve} (no drop inside the grid; its trained range is 32K)"
-                 if not drop else f"Qwen 0.5B alone, NIAH accuracy by length: {curve}",
-                 f"n={int(a['n'])} per length", f"notebook 02's {run_size} run, read from its saved rates",
-                 "supported" if drop else "inconclusive", notebook, "C73")
+    return Claim(claim="long-context quality degrades even with KV optimisations", seed_section="B§4.4",
+                 seed_value="qualitative",
+                 measured=f"Qwen 0.5B alone, NIAH accuracy by length: {curve} (no drop inside the grid; its trained range is 32K)"
+                          if not drop else f"Qwen 0.5B alone, NIAH accuracy by length: {curve}",
+                 n=f"n={int(a['n'])} per length", setup=f"notebook 02's {run_size} run, read from its saved rates",
+                 verdict="supported" if drop else "inconclusive", notebook=notebook, claim_id="C73")

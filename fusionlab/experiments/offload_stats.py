@@ -154,7 +154,8 @@ def length_claim(acc_by_length: pd.DataFrame, threshold: float = 0.5) -> Claim:
                  measured=f"longest document answered at >= {threshold:.0%}: skyline {sky}, best slave setting "
                           f"'{best}' {best_len}, floor {int(eff[roles == 'floor'].iloc[0])} (grid top {top})",
                  n=f"lengths {sorted(acc_by_length['length'].unique().tolist())}",
-                 setup="context offload: the document lives in the slave's K/V only", verdict=verdict, claim_id="C06", notebook=NB)
+                 setup="context offload: the document lives in the slave's K/V only", verdict=verdict, claim_id="C06",
+                 notebook=NB)
 
 
 # --- figures -------------------------------------------------------------------------------------------------

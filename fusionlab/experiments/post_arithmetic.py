@@ -22,10 +22,11 @@ def oom_claim(params: float = 35e9, card_gb: float = 24.0) -> Claim:
     """C02: a 35B model runs out of memory on a 24 GB card (weights alone decide it)."""
     need = {bits: weights_gb(params, bits) for bits in (16, 8, 4)}
     verdict = "supported" if need[16] > card_gb else "not supported"
-    return Claim("a 35B model runs out of memory on a 24 GB card", "A§1", "OOM",
-                 f"weights alone: {need[16]:.0f} GB fp16, {need[8]:.0f} GB int8, {need[4]:.1f} GB int4 "
-                 f"vs {card_gb:.0f} GB "
-                 "(fp16 cannot load; a 4-bit copy could)", "- (exact arithmetic)", "arithmetic", verdict, NB, "C02")
+    return Claim(claim="a 35B model runs out of memory on a 24 GB card", seed_section="A§1", seed_value="OOM",
+                 measured=f"weights alone: {need[16]:.0f} GB fp16, {need[8]:.0f} GB int8, {need[4]:.1f} GB int4 "
+                          f"vs {card_gb:.0f} GB "
+                          "(fp16 cannot load; a 4-bit copy could)",
+                 n="- (exact arithmetic)", setup="arithmetic", verdict=verdict, notebook=NB, claim_id="C02")
 
 
 def ffn_share(hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int) -> float:
@@ -41,23 +42,28 @@ def ffn_claim(hidden: int = 4096, intermediate: int = 14336, heads: int = 32, kv
     the FFN share of that config; 'redundant' needs pruning experiments, so the verdict is about the number only."""
     share = ffn_share(hidden, intermediate, heads, kv_heads, head_dim)
     verdict = "partly supported" if abs(share - stated) <= 0.05 else "not supported"
-    return Claim("41 % of the 35B's parameters are redundant FFN (hidden 4096, intermediate 14336)", "A§4.2", "41 %",
-                 f"that config's FFN is {share:.0%} of each layer's weights "
-                 f"(GQA {heads}/{kv_heads} heads, d={head_dim}); "
-                 "41 % is not its FFN share, and redundancy is not shown by arithmetic", "- (exact arithmetic)",
-                 "arithmetic on the stated config", verdict, NB, "C33")
+    return Claim(claim="41 % of the 35B's parameters are redundant FFN (hidden 4096, intermediate 14336)",
+                 seed_section="A§4.2", seed_value="41 %",
+                 measured=f"that config's FFN is {share:.0%} of each layer's weights "
+                          f"(GQA {heads}/{kv_heads} heads, d={head_dim}); "
+                          "41 % is not its FFN share, and redundancy is not shown by arithmetic",
+                 n="- (exact arithmetic)", setup="arithmetic on the stated config", verdict=verdict, notebook=NB,
+                 claim_id="C33")
 
 
 def fp16_27b_claims(params: float = 27e9) -> list[Claim]:
     """C59 (27B ≈ 54 GB fp16, ≥ 60 GB disk) and C60 (a 24 GB card runs it in fp16; 16 GB needs AWQ/GPTQ)."""
     fp16, int4 = weights_gb(params, 16), weights_gb(params, 4.25)  # AWQ/GPTQ: 4 bits + group scales (~0.25 bit)
-    c59 = Claim("27B weights ≈ 54 GB in FP16; ≥ 60 GB disk", "B§1.2, §3.1", "54 / 60 GB",
-                f"{fp16:.1f} GB of fp16 weights; a download of them needs at least that much disk (60 GB leaves room)",
-                "- (exact arithmetic)", "arithmetic", "supported" if abs(fp16 - 54) < 1 else "not supported", NB, "C59")
-    c60 = Claim("a 24 GB card runs the 27B in FP16; 16 GB needs AWQ/GPTQ", "B§3.1", "24 / 16 GB",
-                f"fp16 weights alone are {fp16:.0f} GB > 24 GB (contradicts C59); 4-bit ≈ {int4:.1f} GB fits 16 GB "
-                "before any KV", "- (exact arithmetic)", "arithmetic",
-                "not supported" if fp16 > 24 else "supported", NB, "C60")
+    c59 = Claim(claim="27B weights ≈ 54 GB in FP16; ≥ 60 GB disk", seed_section="B§1.2, §3.1", seed_value="54 / 60 GB",
+                measured=f"{fp16:.1f} GB of fp16 weights; a download of them needs at least that much disk (60 GB leaves room)",
+                n="- (exact arithmetic)", setup="arithmetic",
+                verdict="supported" if abs(fp16 - 54) < 1 else "not supported", notebook=NB, claim_id="C59")
+    c60 = Claim(claim="a 24 GB card runs the 27B in FP16; 16 GB needs AWQ/GPTQ", seed_section="B§3.1",
+                seed_value="24 / 16 GB",
+                measured=f"fp16 weights alone are {fp16:.0f} GB > 24 GB (contradicts C59); 4-bit ≈ {int4:.1f} GB fits 16 GB "
+                         "before any KV",
+                n="- (exact arithmetic)", setup="arithmetic", verdict="not supported" if fp16 > 24 else "supported",
+                notebook=NB, claim_id="C60")
     return [c59, c60]
 
 
@@ -89,11 +95,13 @@ def rope_range_claim(theta: float = 1e6, head_dim: int = 64,
     spread = max(dist.values()) / min(dist.values()) - 1
     verdict = "not supported" if spread < 1e-6 else "supported"
     shown = ", ".join(f"Δ={d:,}: {v:.2e}" for d, v in dist.items())
-    return Claim("at long range RoPE angle differences become too small to tell keys apart", "A§4.3", "qualitative",
-                 f"1 - cos between neighbouring positions is the same at every range ({shown}; relative spread "
-                 f"{spread:.1e}); what fades at long range is the slowest frequencies' resolution of *far* offsets, "
-                 "not of neighbours", "256 random keys", f"analytic, θ={theta:g}, d={head_dim} (Qwen 2.5's own)",
-                 verdict, NB, "C38")
+    return Claim(claim="at long range RoPE angle differences become too small to tell keys apart", seed_section="A§4.3",
+                 seed_value="qualitative",
+                 measured=f"1 - cos between neighbouring positions is the same at every range ({shown}; relative spread "
+                          f"{spread:.1e}); what fades at long range is the slowest frequencies' resolution of *far* offsets, "
+                          "not of neighbours",
+                 n="256 random keys", setup=f"analytic, θ={theta:g}, d={head_dim} (Qwen 2.5's own)", verdict=verdict,
+                 notebook=NB, claim_id="C38")
 
 
 def state_over_length(cfg: dict[str, Any], kind: str, lengths: tuple[int, ...]) -> tuple[list[int], list[int], bool]:
@@ -111,10 +119,11 @@ def ssm_state_claim(lengths: tuple[int, ...] = (1_024, 32_768, 1_048_576)) -> Cl
                            "mamba_expand": 2, "layer_types": ["mamba"] * 7 + ["full_attention"]}
     mamba, full, fixed = state_over_length(cfg, "mamba", lengths)
     verdict = "supported" if fixed else "not supported"
-    return Claim("an SSM layer's state is fixed-size, no KV", "B§2.1", "qualitative",
-                 f"7 mamba layers hold {mamba[0] / 2**20:.1f} MiB at every length {list(lengths)}; the one attention "
-                 f"layer grows {full[0] / 2**20:.0f} → {full[-1] / 2**20:,.0f} MiB", "- (exact arithmetic)",
-                 "kv.budget on a Jamba-like config (7 mamba : 1 attention, bf16)", verdict, NB, "C66")
+    return Claim(claim="an SSM layer's state is fixed-size, no KV", seed_section="B§2.1", seed_value="qualitative",
+                 measured=f"7 mamba layers hold {mamba[0] / 2**20:.1f} MiB at every length {list(lengths)}; the one attention "
+                          f"layer grows {full[0] / 2**20:.0f} → {full[-1] / 2**20:,.0f} MiB",
+                 n="- (exact arithmetic)", setup="kv.budget on a Jamba-like config (7 mamba : 1 attention, bf16)",
+                 verdict=verdict, notebook=NB, claim_id="C66")
 
 
 def claims() -> list[Claim]:

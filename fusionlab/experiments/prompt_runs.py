@@ -8,7 +8,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from ..engine.fuse import FusedModel, fuse
-from ..engine.fuser import LearnedFuser
+from ..training.fuser import LearnedFuser
 from ..engine.lm import LM
 from ..engine.projector import LstsqProjector
 from ..engine.slave import Slave

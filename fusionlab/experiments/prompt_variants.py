@@ -223,16 +223,24 @@ def claims(effect: pd.DataFrame, master: str, splits: dict[str, tuple[str, dict]
     t_text = ", ".join(f"T={r.temperature:g}: {r.setting} {r.p:.0%} [{r.lo:.0%}, {r.hi:.0%}]"
                        for r in temps.rename(columns={"pass@1": "p"}).itertuples())
     return [
-        Claim("mixed Chinese–English code prompts: the stitched model does 8.5 % worse", "A§4.3", "−8.5 %",
-              f"HumanEval with our Chinese docstrings (code, examples, tests unchanged): master en {m.pass_en:.0%} -> "
-              f"zh {m.pass_zh:.0%}; {lang}", f"n={int(m.n)} problems, paired (interaction: bootstrap CI)", setup,
-              mixed_prompt_verdict(effect, master), NB, "C39"),
-        Claim("cause of C39: the slave splits English subwords differently", "A§4.3", "qualitative",
-              f"English-word tokens each slave splits exactly as the master: {split_text}",
-              f"n={n_pairs} prompt pairs, paired bootstrap", setup, splits_verdict(splits), NB, "C40"),
-        Claim("no gain on exact arithmetic (sin(π/3) to 10 places)", "A§4.3", "qualitative",
-              f"exact answers right: {arith_text}", f"n={ast['n']} tasks, McNemar vs the master", setup, av, NB, "C41"),
-        Claim("temperature 0.55 is best for the stitched model (0.7 too divergent)", "A§5.4", "0.55",
-              f"sampled pass@1 (unbiased, c/n per problem): {t_text}", "bootstrap CIs over problems", setup + f"; "
-              f"the stitched model: {fused}", tv, NB, "C49"),
+        Claim(claim="mixed Chinese–English code prompts: the stitched model does 8.5 % worse", seed_section="A§4.3",
+              seed_value="−8.5 %",
+              measured=f"HumanEval with our Chinese docstrings (code, examples, tests unchanged): master en {m.pass_en:.0%} -> "
+                       f"zh {m.pass_zh:.0%}; {lang}",
+              n=f"n={int(m.n)} problems, paired (interaction: bootstrap CI)", setup=setup,
+              verdict=mixed_prompt_verdict(effect, master), notebook=NB, claim_id="C39"),
+        Claim(claim="cause of C39: the slave splits English subwords differently", seed_section="A§4.3",
+              seed_value="qualitative",
+              measured=f"English-word tokens each slave splits exactly as the master: {split_text}",
+              n=f"n={n_pairs} prompt pairs, paired bootstrap", setup=setup, verdict=splits_verdict(splits), notebook=NB,
+              claim_id="C40"),
+        Claim(claim="no gain on exact arithmetic (sin(π/3) to 10 places)", seed_section="A§4.3",
+              seed_value="qualitative", measured=f"exact answers right: {arith_text}",
+              n=f"n={ast['n']} tasks, McNemar vs the master", setup=setup, verdict=av, notebook=NB, claim_id="C41"),
+        Claim(claim="temperature 0.55 is best for the stitched model (0.7 too divergent)", seed_section="A§5.4",
+              seed_value="0.55", measured=f"sampled pass@1 (unbiased, c/n per problem): {t_text}",
+              n="bootstrap CIs over problems",
+              setup=setup + f"; "
+                    f"the stitched model: {fused}",
+              verdict=tv, notebook=NB, claim_id="C49"),
     ]

@@ -124,9 +124,12 @@ def residual_verdict(m: dict[str, Any]) -> str:
 def residual_claim(m: dict[str, Any], setup: str) -> Claim:
     n = m["nll"]
     (d, (lo, hi)), (dk, (klo, khi)) = m["mlp_vs_kv"], m["kv_vs_master"]
-    return Claim("inject only the slave's K/V; its FFN/residual would break the master", "A§2.2", "qualitative",
-                 f"held-out NLL: master {n['master alone']:.3f}, K/V only {n['K/V only']:.3f} (Δ {dk:+.3f} "
-                 f"[{klo:+.3f}, {khi:+.3f}]), K/V + slave MLP output {n['K/V + MLP']:.3f} (Δ vs K/V only {d:+.3f} "
-                 f"[{lo:+.3f}, {hi:+.3f}]), MLP output alone {n['MLP only']:.3f}",
-                 f"n={m['n']} held-out texts, paired bootstrap", setup + f"; ridge maps of the MLP output at "
-                 f"{m['layers']} mapped layers, fitted on the calibration text", residual_verdict(m), NB, "C04")
+    return Claim(claim="inject only the slave's K/V; its FFN/residual would break the master", seed_section="A§2.2",
+                 seed_value="qualitative",
+                 measured=f"held-out NLL: master {n['master alone']:.3f}, K/V only {n['K/V only']:.3f} (Δ {dk:+.3f} "
+                          f"[{klo:+.3f}, {khi:+.3f}]), K/V + slave MLP output {n['K/V + MLP']:.3f} (Δ vs K/V only {d:+.3f} "
+                          f"[{lo:+.3f}, {hi:+.3f}]), MLP output alone {n['MLP only']:.3f}",
+                 n=f"n={m['n']} held-out texts, paired bootstrap",
+                 setup=setup + f"; ridge maps of the MLP output at "
+                       f"{m['layers']} mapped layers, fitted on the calibration text",
+                 verdict=residual_verdict(m), notebook=NB, claim_id="C04")

@@ -164,17 +164,21 @@ def claims(m: dict[str, Any], setup: str) -> list[Claim]:
             f"compiles ({cp['first_call_s']:.0f} s first call); generate {cp['eager_s']:.2f} s eager vs "
             f"{cp['compiled_s']:.2f} s compiled")
     return [
-        Claim("end-to-end latency only +11.3 % with the slave (A100: 142 vs 158 tok/s)", "A§3.4", "0.90x",
-              f"decode throughput fused / master alone with the slave reading every token (timing='live'): {live}; "
-              "prefix timing (the slave reads the prompt once) is in the benchmark table", "paired ABAB, bootstrap CI",
-              setup, live_decode_verdict(lv), NB, "C26"),
-        Claim("`torch.compile(generate, mode=\"reduce-overhead\", fullgraph=True)` speeds it up", "A§5.2",
-              "qualitative", f"{comp} (torch {cp['torch']}); a speed-up on a GPU is for benchmarks/gpu_claims.py", "-",
-              f"{cp['model']}, CPU", compile_verdict(cp), NB, "C46"),
-        Claim("two tokenizer instances waste 12 % CPU; `lru_cache` fixes it", "A§5.4", "12 %",
-              f"{ti['texts']} prompts for master + slave: two instances {1e3 * ti['two_instances_s']:.1f} ms, one "
-              f"shared {1e3 * ti['one_shared_s']:.1f} ms, lru_cache {1e3 * ti['lru_cache_s']:.2f} ms; one "
-              f"{ti['forward_tokens']}-token forward {1e3 * ti['one_forward_s']:.0f} ms: sharing and caching save "
-              f"{ti['saving_share']:.2%} of the work", f"best of 3, {ti['texts']} prompts", setup,
-              tokenizer_instances_verdict(ti), NB, "C48"),
+        Claim(claim="end-to-end latency only +11.3 % with the slave (A100: 142 vs 158 tok/s)", seed_section="A§3.4",
+              seed_value="0.90x",
+              measured=f"decode throughput fused / master alone with the slave reading every token (timing='live'): {live}; "
+                       "prefix timing (the slave reads the prompt once) is in the benchmark table",
+              n="paired ABAB, bootstrap CI", setup=setup, verdict=live_decode_verdict(lv), notebook=NB, claim_id="C26"),
+        Claim(claim="`torch.compile(generate, mode=\"reduce-overhead\", fullgraph=True)` speeds it up",
+              seed_section="A§5.2", seed_value="qualitative",
+              measured=f"{comp} (torch {cp['torch']}); a speed-up on a GPU is for benchmarks/gpu_claims.py", n="-",
+              setup=f"{cp['model']}, CPU", verdict=compile_verdict(cp), notebook=NB, claim_id="C46"),
+        Claim(claim="two tokenizer instances waste 12 % CPU; `lru_cache` fixes it", seed_section="A§5.4",
+              seed_value="12 %",
+              measured=f"{ti['texts']} prompts for master + slave: two instances {1e3 * ti['two_instances_s']:.1f} ms, one "
+                       f"shared {1e3 * ti['one_shared_s']:.1f} ms, lru_cache {1e3 * ti['lru_cache_s']:.2f} ms; one "
+                       f"{ti['forward_tokens']}-token forward {1e3 * ti['one_forward_s']:.0f} ms: sharing and caching save "
+                       f"{ti['saving_share']:.2%} of the work",
+              n=f"best of 3, {ti['texts']} prompts", setup=setup, verdict=tokenizer_instances_verdict(ti), notebook=NB,
+              claim_id="C48"),
     ]

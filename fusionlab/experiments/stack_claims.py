@@ -134,7 +134,7 @@ def norm_interpolation_verdict(rows: list[dict[str, Any]], bound: float = 0.002)
 # --- C25: the hook mechanism the post describes -------------------------------------------------------------
 @torch.inference_mode()
 def measure_described_hook(master: LM, prompt: str, max_new_tokens: int = 8) -> dict[str, Any]:
-    """FusionLab's reconstruction of the mechanism CLAIMS.md describes (the post's listing is not in this repository):
+    """FusionLab's reconstruction of the mechanism C25 (data/claims.csv) describes (the post's listing is not in this repository):
     a forward hook on each master attention module reads `output[1]` as the layer's (k, v), injects the slave's K/V only
     when that value looks like a (k, v) pair (the hasattr guard), and returns the outputs. What does output[1] hold, how
     many layers would inject, and does generate() change?"""
@@ -177,25 +177,32 @@ def claims(m: dict[str, Any], setup: str) -> list[Claim]:
     norms = "; ".join(f"{r['model']} {r['norm']}: {r['median_abs_error']:.3f} ({r['median_rel_error']:.0%} of the "
                       f"weights)" for r in nr)
     return [
-        Claim("a sentencepiece patch version change misaligns embedding lookups", "A§2.3", "0.1.95 vs 0.1.96",
-              f"no tokenizer here runs sentencepiece ({kinds}; sentencepiece installed: "
-              f"{tk['sentencepiece_installed']}): its version cannot touch these ids", "-", setup,
-              tokenizer_stack_verdict(tk), NB, "C08"),
-        Claim("transformers 4.41.2 needs a stride patch in `modeling_flash_attention_utils.py`", "A§3.1", "4.41.2",
-              rel_text, "-", "the release's wheel from PyPI, read (never installed)", release_file_verdict(rel), NB,
-              "C17"),
-        Claim("accelerate / deepspeed break the manual KV flow", "A§3.1", "qualitative",
-              f"under accelerate's cpu_offload ({acc['hooked_modules']} hooked modules; the parameters report device "
-              f"{acc['parameter_device']!r}, so inputs must go to the hooks' execution device, which FusionLab reads) "
-              f"self-fusion logits differ by {acc['slave_hooked_max_abs_diff']:.1e} (slave hooked) and "
-              f"{acc['master_hooked_max_abs_diff']:.1e} (master hooked); deepspeed not tried (not installed)", "-",
-              f"{acc['model']}, fp32 CPU, accelerate", accelerate_verdict(acc), NB, "C18"),
-        Claim("fill missing layers by linear interpolation of norm weights, error < 0.002", "A§3.2", "< 0.002",
-              f"a layer's norm weights from its neighbours' mean, median error over layers: {norms}", "-",
-              "leave-one-out over interior layers, raw parameters", norm_interpolation_verdict(nr), NB, "C23"),
-        Claim("the post's 137-line hook code stitches transparently inside `generate()`", "A§3.3", "137 lines",
-              f"the post's listing is not in this repository; FusionLab's reconstruction of the mechanism described "
-              f"(a forward hook reading output[1] as (k, v) behind a guard) saw output[1] = {hk['output1_types']} in "
-              f"{hk['calls']} attention calls, injected {hk['injected_calls']} times, generate() unchanged: "
-              f"{hk['same_tokens']}", "-", setup, described_hook_verdict(hk), NB, "C25"),
+        Claim(claim="a sentencepiece patch version change misaligns embedding lookups", seed_section="A§2.3",
+              seed_value="0.1.95 vs 0.1.96",
+              measured=f"no tokenizer here runs sentencepiece ({kinds}; sentencepiece installed: "
+                       f"{tk['sentencepiece_installed']}): its version cannot touch these ids",
+              n="-", setup=setup, verdict=tokenizer_stack_verdict(tk), notebook=NB, claim_id="C08"),
+        Claim(claim="transformers 4.41.2 needs a stride patch in `modeling_flash_attention_utils.py`",
+              seed_section="A§3.1", seed_value="4.41.2", measured=rel_text, n="-",
+              setup="the release's wheel from PyPI, read (never installed)", verdict=release_file_verdict(rel),
+              notebook=NB, claim_id="C17"),
+        Claim(claim="accelerate / deepspeed break the manual KV flow", seed_section="A§3.1", seed_value="qualitative",
+              measured=f"under accelerate's cpu_offload ({acc['hooked_modules']} hooked modules; the parameters report device "
+                       f"{acc['parameter_device']!r}, so inputs must go to the hooks' execution device, which FusionLab reads) "
+                       f"self-fusion logits differ by {acc['slave_hooked_max_abs_diff']:.1e} (slave hooked) and "
+                       f"{acc['master_hooked_max_abs_diff']:.1e} (master hooked); deepspeed not tried (not installed)",
+              n="-", setup=f"{acc['model']}, fp32 CPU, accelerate", verdict=accelerate_verdict(acc), notebook=NB,
+              claim_id="C18"),
+        Claim(claim="fill missing layers by linear interpolation of norm weights, error < 0.002", seed_section="A§3.2",
+              seed_value="< 0.002",
+              measured=f"a layer's norm weights from its neighbours' mean, median error over layers: {norms}", n="-",
+              setup="leave-one-out over interior layers, raw parameters", verdict=norm_interpolation_verdict(nr),
+              notebook=NB, claim_id="C23"),
+        Claim(claim="the post's 137-line hook code stitches transparently inside `generate()`", seed_section="A§3.3",
+              seed_value="137 lines",
+              measured=f"the post's listing is not in this repository; FusionLab's reconstruction of the mechanism described "
+                       f"(a forward hook reading output[1] as (k, v) behind a guard) saw output[1] = {hk['output1_types']} in "
+                       f"{hk['calls']} attention calls, injected {hk['injected_calls']} times, generate() unchanged: "
+                       f"{hk['same_tokens']}",
+              n="-", setup=setup, verdict=described_hook_verdict(hk), notebook=NB, claim_id="C25"),
     ]

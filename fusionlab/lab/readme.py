@@ -1,4 +1,4 @@
-"""The README's generated blocks: claims ledger, benchmark, load-time, projector and HumanEval tables.
+"""The README's generated blocks: claims ledger, benchmark, load-time, projector, HumanEval tables and the test line.
 
 Each block sits between `<!-- name:begin -->` and `<!-- name:end -->` in README.md and is rendered here from saved
 results only (`fusionlab ledger` rewrites them); a test checks the committed README equals what these render.
@@ -258,11 +258,26 @@ def labtimes_markdown(folder: Path | None = None) -> str:
     return "\n".join(lines)
 
 
+def tests_markdown(folder: Path | None = None) -> str:
+    """The test line: what the last recorded whole-suite run of the README's test command measured (bootstrap.py
+    writes it; the committed copy in benchmarks/results/ is from a fresh clone)."""
+    f = Path(folder or bench_results_dir()) / "test_run.json"
+    if not f.exists():
+        return "_No test run recorded yet: run `python3 fusionlab/bootstrap.py test` from a fresh clone._"
+    r = json.loads(f.read_text())
+    where = "from a fresh clone" if r["fresh_venv"] else "in an existing checkout"
+    skipped = f", {r['skipped']} skipped" if r["skipped"] else ""
+    return (f"`python3 fusionlab/bootstrap.py test`, last recorded {where} of {r['commit']} on {r['date']}: "
+            f"{r['passed']} passed, {r['failed']} failed{skipped} in {r['test_seconds']} s "
+            f"({r['total_seconds']} s with set-up) on {r['cores']} cores.")
+
+
 def blocks() -> dict[str, str]:
     """Every generated README block, rendered from the saved results: name -> markdown."""
     return {"ledger": ledger_markdown(ledger()), "bench": bench_markdown(), "loadtimes": loadtimes_markdown(),
             "projector": projector_markdown(), "humaneval": humaneval_markdown(),
-            "reliability": reliability_markdown(), "labtimes": labtimes_markdown(), "fusers": fusers_markdown()}
+            "reliability": reliability_markdown(), "labtimes": labtimes_markdown(), "fusers": fusers_markdown(),
+            "tests": tests_markdown()}
 
 
 def write_ledger(readme: Path | None = None) -> str:

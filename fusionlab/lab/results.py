@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from ..errors import FusionLabError
+from ..experiments import gpu_claims
 from ..experiments.claim import LEGACY_IDS, VERDICTS, Claim, unmeasured  # noqa: F401  (fl.results.Claim for users)
 from ..files import atomic_write_text
 from ..paths import results_dir
@@ -49,9 +50,11 @@ def claims_frame(claims: list[Claim]) -> pd.DataFrame:
     return pd.DataFrame([asdict(c) for c in claims])
 
 
-def ledger(folder: Path | None = None, with_open: bool = True) -> pd.DataFrame:
-    """All saved claims, the largest run of each notebook only; then (`with_open`) a row for every claim of
-    data/claims.csv that none of them covers (`claim.unmeasured`: why it is open)."""
+def ledger(folder: Path | None = None, with_open: bool = True, gpu: Path | None = None) -> pd.DataFrame:
+    """All saved claims, the largest run of each notebook only; the GPU run's rows (`gpu`, default
+    benchmarks/results/gpu_claims.json, when a session has run it) in place of any other row for those claims; then
+    (`with_open`) a row for every claim of data/claims.csv that none of them covers (`claim.unmeasured`: why it is
+    open)."""
     folder = Path(folder or results_dir() / "claims")
     rank = {size: i for i, size in enumerate(SIZES)}
     best: dict[str, dict[str, Any]] = {}
@@ -63,6 +66,12 @@ def ledger(folder: Path | None = None, with_open: bool = True) -> pd.DataFrame:
     rows = [dict(c, run=rec["run_size"], date=rec["date"][:10]) for rec in best.values() for c in rec["claims"]]
     for r in rows:
         r["claim_id"] = r.get("claim_id") or LEGACY_IDS.get(r["claim"], "")
+    run = gpu_claims.load(gpu)
+    if run is not None:
+        measured = gpu_claims.claims(run)
+        ids = {c.claim_id for c in measured}
+        rows = [r for r in rows if r["claim_id"] not in ids]
+        rows += [dict(asdict(c), run="gpu", date=str(run.get("date", "-"))[:10]) for c in measured]
     if with_open:
         seen = {r["claim_id"] for r in rows}
         rows += [dict(asdict(c), run="-", date="-") for c in unmeasured(seen)]

@@ -11,7 +11,8 @@ from fusionlab.experiments.claim import Claim
 
 def test_claim_refuses_an_unknown_verdict():
     with pytest.raises(FusionLabError, match="verdict must be one of"):
-        Claim("a", "b", "c", "d", "e", "f", "great", "nb")
+        Claim(claim="a", seed_section="b", seed_value="c", measured="d", n="e", setup="f", verdict="great",
+              notebook="nb")
 
 
 def test_warmup_claim():

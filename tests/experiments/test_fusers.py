@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 
 import fusionlab as fl
-from fusionlab.engine.fuser import FuserConfig, LearnedFuser
-from fusionlab.engine.train import TrainChunk
+from fusionlab.training.fuser import FuserConfig, LearnedFuser
+from fusionlab.training.chunks import TrainChunk
 from fusionlab.experiments import corpora, fuser_claims as fc, fusers
 
 TEXTS = ["The quick brown fox jumps over the lazy dog near the river bank.",

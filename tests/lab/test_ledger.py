@@ -33,7 +33,8 @@ def test_saving_a_claim_without_an_id_is_refused(tmp_path):
     from fusionlab.errors import FusionLabError
 
     with pytest.raises(FusionLabError, match="without a claim_id"):
-        results.save_claims("nb", [Claim("a", "b", "c", "d", "e", "f", "supported", "nb")], "quick", folder=tmp_path)
+        results.save_claims("nb", [Claim(claim="a", seed_section="b", seed_value="c", measured="d", n="e", setup="f",
+                                         verdict="supported", notebook="nb")], "quick", folder=tmp_path)
 
 
 def test_open_claims_get_a_row_that_says_why(tmp_path):

@@ -134,3 +134,18 @@ def test_readme_quotes_the_self_fusion_tolerance_the_tests_assert():
     sentence = text[text.index("self-fusion\n(concat, live) = master"):][:200]
     for where, tol in SELF_FUSION_TOL.items():
         assert f"<= {tol:g} on {where}" in sentence, (where, tol, sentence)
+
+
+def test_the_test_line_is_generated_from_the_recorded_run(tmp_path, monkeypatch):
+    """bootstrap.py records a whole-suite run from pytest's JUnit report; the README's test line renders that record."""
+    from fusionlab import bootstrap
+
+    report = tmp_path / "test_run.xml"
+    report.write_text('<?xml version="1.0"?><testsuites><testsuite name="pytest" tests="610" failures="1" errors="1" '
+                      'skipped="3" time="800.0"></testsuite></testsuites>')
+    monkeypatch.setattr(bootstrap, "TEST_RUN", tmp_path / "test_run.json")
+    bootstrap.write_test_run(report, 801.4, 890.6, fresh=True)
+    line = readme.tests_markdown(tmp_path)
+    assert "last recorded from a fresh clone of " in line
+    assert "605 passed, 2 failed, 3 skipped in 801 s (891 s with set-up)" in line
+    assert readme.tests_markdown(tmp_path / "none").startswith("_No test run recorded yet")

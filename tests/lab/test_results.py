@@ -8,8 +8,8 @@ from fusionlab.lab import results
 
 
 def test_claims_and_ledger(tmp_path):
-    c = results.Claim("x beats y", "4.2", "2.3x", "1.1x", "n=40, 95% CI [0.9, 1.3]", "tiny", "not supported", "nb",
-                      claim_id="C35")
+    c = results.Claim(claim="x beats y", seed_section="4.2", seed_value="2.3x", measured="1.1x",
+                      n="n=40, 95% CI [0.9, 1.3]", setup="tiny", verdict="not supported", notebook="nb", claim_id="C35")
     results.save_claims("nb", [c], "quick", folder=tmp_path)
     results.save_claims("nb", [results.Claim(**{**c.__dict__, "measured": "1.2x"})], "full", folder=tmp_path)
     df = results.ledger(tmp_path, with_open=False)
@@ -18,7 +18,8 @@ def test_claims_and_ledger(tmp_path):
     assert len(full) == 73 and (full["claim_id"] == "C35").sum() == 1 and full["claim_id"].is_unique
     assert results.best_table("nothing", folder=tmp_path) is None
     with pytest.raises(FusionLabError, match="verdict must be one of"):
-        results.Claim("a", "b", "c", "d", "e", "f", "great", "nb")
+        results.Claim(claim="a", seed_section="b", seed_value="c", measured="d", n="e", setup="f", verdict="great",
+                      notebook="nb")
 
 
 def test_quick_results_go_to_the_ignored_folder(monkeypatch, tmp_path):
@@ -33,7 +34,8 @@ def test_quick_results_go_to_the_ignored_folder(monkeypatch, tmp_path):
     monkeypatch.setattr(results, "results_dir", lambda: tmp_path)
     t = results.save_table(pd.DataFrame({"a": [1]}), "nb_table.quick")
     d = results.save_table(pd.DataFrame({"a": [1]}), "nb_table.default")
-    c = results.save_claims("nb", [results.Claim("x", "s", "v", "m", "n", "setup", "supported", "nb", "C35")], "quick")
+    c = results.save_claims("nb", [results.Claim(claim="x", seed_section="s", seed_value="v", measured="m", n="n",
+                                                 setup="setup", verdict="supported", notebook="nb", claim_id="C35")], "quick")
     assert t.parent == tmp_path / "quick" and c.parent == tmp_path / "quick" / "claims" and d.parent == tmp_path
     assert results.ledger(tmp_path / "claims", with_open=False).empty
     probe = paths.results_dir() / "quick" / "x.csv"

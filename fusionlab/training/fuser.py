@@ -27,11 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import save_file
 from torch import nn
 
+from ..engine.layermap import LayerMap
+from ..engine.projector import LstsqProjector, Projector, read_safetensors, register_loader
 from ..errors import FusionLabError
-from .layermap import LayerMap
-from .projector import LstsqProjector, Projector, read_safetensors, register_loader
 
 MODES, KINDS, INPUTS = ("blend", "concat"), ("linear", "mlp"), ("slave", "shuffled", "noise", "constant")
 
@@ -162,8 +163,6 @@ class LearnedFuser(nn.Module, Projector):
 
     # --- files ------------------------------------------------------------------------------------------------
     def save(self, path: str | Path, training: dict[str, Any] | None = None) -> Path:
-        from safetensors.torch import save_file
-
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         meta = {**self.meta, "kind": "learned", "config": asdict(self.config),

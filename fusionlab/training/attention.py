@@ -8,16 +8,21 @@ needs gradients through the slots (and through a concat gate that may start at e
     blend    own K/V at a slot's position += g * slot K/V                               (C2C's residual)
 
 with the same visibility rule (`attention_core.visible`: a key at position p is seen by a query at q iff p <= q, and q - p < window on sliding
-layers for windowed entries). `tests/engine/test_fuser.py` checks these logits equal the inference path's.
+layers for windowed entries). `tests/training/test_fuser.py` checks these logits equal the inference path's.
+
+`fused_logits` runs the master with these as each mapped layer's attention, through the engine's one hook
+(`FusedModel.attention_overrides`): the engine knows nothing about training.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
-from .attention_core import repeat_kv, visible
+from ..engine.attention_core import repeat_kv, visible
+from ..engine.fuse import FusedModel
 
 
 @dataclass
@@ -40,9 +45,8 @@ def _scores(query: torch.Tensor, k: torch.Tensor, scale: float, softcap: float |
     return s if softcap is None else softcap * torch.tanh(s / softcap)
 
 
-def train_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, q_pos: torch.Tensor,
-                    slots: list[TrainSlots], scale: float, window: int | None,
-                    softcap: float | None) -> torch.Tensor:
+def train_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, q_pos: torch.Tensor, scale: float,
+                    window: int | None, softcap: float | None, *, slots: list[TrainSlots]) -> torch.Tensor:
     """query (B, H, Q, D); key/value (B, H_kv, Q, D): this forward's own K/V (no cache). Returns (B, Q, H, D)."""
     own_pos = q_pos
     for s in slots:
@@ -78,3 +82,13 @@ def train_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         num = num + w @ repeat_kv(v, query.shape[1] // v.shape[1])
         den = den + w.sum(-1, keepdim=True)
     return (num / den).transpose(1, 2).contiguous()
+
+
+def fused_logits(fused: FusedModel, ids: torch.Tensor, slots: dict[int, list[TrainSlots]],
+                 start: int = 0) -> torch.Tensor:
+    """Logits (1, T, V) of ids (1, T) at positions start.., with gradients through `slots` ({master layer: [slots]});
+    layers without slots run as the master. No cache, nothing placed."""
+    pos = torch.arange(start, start + ids.shape[1], device=fused.master.device).view(1, -1)  # (1, T)
+    overrides = {i: partial(train_attention, slots=s) for i, s in slots.items() if s}
+    with fused.attention_overrides(overrides), torch.enable_grad():
+        return fused.master.model(input_ids=ids, position_ids=pos, use_cache=False).logits

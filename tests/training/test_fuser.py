@@ -8,10 +8,13 @@ import pytest
 import torch
 
 import fusionlab as fl
-from fusionlab.engine.fuser import FuserConfig, LearnedFuser, match_table
-from fusionlab.engine.train import TrainChunk, TrainConfig, TrainingDiverged, _prepare, _slots, loss_of, train_fuser
-from fusionlab.engine.train_attention import TrainSlots, train_attention
+import fusionlab.training.loop as loop
 from fusionlab.errors import FusionLabError
+from fusionlab.training.attention import TrainSlots, fused_logits, train_attention
+from fusionlab.training.chunks import TrainChunk, loss_of, prepare, slots_of
+from fusionlab.training.fuser import FuserConfig, LearnedFuser, match_table
+from fusionlab.training.loop import TrainingDiverged, clip_gradients
+from fusionlab.training.train import TrainConfig, train_fuser
 
 from conftest import master_logits
 
@@ -57,9 +60,9 @@ def test_training_path_equals_inference_path(tiny, master, slave, mode, task):
     fuser = randomize(LearnedFuser(proj, FuserConfig(mode=mode)))
     chunk = (OFFLOAD if task == "offload" else CHUNKS)[0]
     with fl.fuse(m, [fl.Slave(s, layer_map=fuser.layer_map, projector=fuser, mode=mode, align="mean")]) as f:
-        p = _prepare(f, [chunk], task, [0])[0]
+        p = prepare(f, [chunk], task, [0])[0]
         with torch.no_grad():
-            train = f.train_logits(p.ids, _slots(f, fuser, p), p.start)
+            train = fused_logits(f, p.ids, slots_of(f, fuser, p), p.start)
         infer = f(chunk.text, context=chunk.context) if task == "offload" else f(chunk.text)
     assert train.shape == infer.shape
     assert (train - infer).abs().max() < 1e-4
@@ -163,8 +166,6 @@ def test_bad_training_inputs_and_divergence(tiny, tmp_path, monkeypatch):
     with pytest.raises(FusionLabError, match="width must be a positive int"):
         FuserConfig(width=0)
     ck = tmp_path / "ck.pt"
-    import fusionlab.engine.train_loop as tl
-
     calls = []
 
     def poisoned(fused, fuser, p):  # the real loss, until step 5 returns NaN
@@ -172,25 +173,16 @@ def test_bad_training_inputs_and_divergence(tiny, tmp_path, monkeypatch):
         calls.append(1)
         return loss * float("nan") if len(calls) > 5 else loss
 
-    monkeypatch.setattr(tl.Loop, "__init__", _with_loss(tl.Loop.__init__, poisoned))
+    monkeypatch.setattr(loop, "loss_of", poisoned)
     with pytest.raises(TrainingDiverged, match=r"diverged at step 5 \(loss nan.*learning rate 0\.0012.*ck\.pt"):
         train_fuser(m, s, CHUNKS, FuserConfig(width=8), TrainConfig(max_tokens=5000, threads=1, checkpoint_every=2),
                     projector=proj, checkpoint=ck, progress=False)
     assert torch.load(ck, weights_only=False)["step"] == 4  # the last good checkpoint stays
 
 
-def _with_loss(init, loss):
-    def patched(self, *a, **kw):
-        init(self, *a, **kw)
-        self.loss_of = loss
-    return patched
-
-
 def test_closed_gate_with_dominant_slots_stays_finite_and_has_a_gradient():
     """Slots scoring far above the own keys behind a gate of exactly 0: the output is the master's, finite, and the
     gate still gets a finite gradient (a NaN here once stopped an offload training run at step 0)."""
-    from fusionlab.engine.train_attention import TrainSlots, train_attention
-
     torch.manual_seed(0)
     q = torch.randn(1, 2, 3, 4)
     k, v = torch.randn(1, 1, 3, 4), torch.randn(1, 1, 3, 4)
@@ -198,8 +190,8 @@ def test_closed_gate_with_dominant_slots_stays_finite_and_has_a_gradient():
     big = 200 * q[:, :1].mean(2, keepdim=True).expand(1, 1, 4, 4)  # slot keys aligned with the queries: huge scores
     gate = torch.zeros((), requires_grad=True)
     slots = [TrainSlots(big, torch.randn(1, 1, 4, 4), torch.arange(4), gate, "concat")]
-    out = train_attention(q, k, v, pos, slots, 1.0, None, None)
-    ref = train_attention(q, k, v, pos, [], 1.0, None, None)
+    out = train_attention(q, k, v, pos, 1.0, None, None, slots=slots)
+    ref = train_attention(q, k, v, pos, 1.0, None, None, slots=[])
     assert torch.isfinite(out).all() and torch.allclose(out, ref, atol=1e-6)
     out.sum().backward()
     assert torch.isfinite(gate.grad) and gate.grad != 0
@@ -209,8 +201,6 @@ def test_gate_gradients_are_clipped_elementwise_and_the_rest_by_norm():
     """A concat gate's gradient at g = 0 is e^(slot score - own max): 1e34 or +-inf on real models for queries whose own
     keys all score far below a slot. It is clipped elementwise, sign kept, so it cannot zero the residual's update
     through a global norm; a nan still reports divergence."""
-    from fusionlab.engine.train_loop import clip_gradients
-
     gate, a, b = (torch.zeros(4, requires_grad=True), torch.zeros(3, requires_grad=True),
                   torch.zeros(2, requires_grad=True))
     gate.grad = torch.tensor([1e34, -float("inf"), 0.3, -2.0])
@@ -226,7 +216,7 @@ def test_gate_gradients_are_clipped_elementwise_and_the_rest_by_norm():
     own_k, slot_k = -60 * torch.ones(1, 1, 1, 4), torch.zeros(1, 1, 3, 4)
     g = torch.zeros((), requires_grad=True)
     slots = [TrainSlots(slot_k, torch.randn(1, 1, 3, 4), torch.tensor([0, 0, 0]), g, "concat")]
-    out = train_attention(q, own_k, torch.ones(1, 1, 1, 4), torch.tensor([5]), slots, 0.5, None, None)
+    out = train_attention(q, own_k, torch.ones(1, 1, 1, 4), torch.tensor([5]), 0.5, None, None, slots=slots)
     assert torch.equal(out, torch.ones(1, 1, 1, 4))  # g = 0: the master's own output exactly
     out.sum().backward()
     assert abs(float(g.grad)) > 1e30  # the raw gradient a global norm clip would turn into nothing for the rest

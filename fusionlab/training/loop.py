@@ -20,9 +20,11 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 import torch
+import torch.nn.functional as F
 
+from ..engine.fuse import FusedModel
 from ..errors import FusionLabError
-from .fuse import FusedModel
+from .chunks import Prepared, loss_of
 from .fuser import LearnedFuser
 
 
@@ -43,12 +45,9 @@ def clip_gradients(gates: list[torch.Tensor], rest: list[torch.Tensor], clip: fl
 
 
 class Loop:
-    def __init__(self, fused: FusedModel, fuser: LearnedFuser, data: list[Any], train: Any, cfg_hash: str,
-                 checkpoint: Path | None, loss_of: Callable[[FusedModel, LearnedFuser | None, Any], torch.Tensor]):
-        """`loss_of(fused, fuser, prepared_chunk)`: the differentiable loss (train.py's), passed in so the loop
-        does not import the module that runs it."""
+    def __init__(self, fused: FusedModel, fuser: LearnedFuser, data: list[Prepared], train: Any, cfg_hash: str,
+                 checkpoint: Path | None):
         self.fused, self.fuser, self.data, self.train, self.hash, self.ckpt = fused, fuser, data, train, cfg_hash, checkpoint
-        self.loss_of = loss_of
         self._calibrate()
         self.params = [p for p in fuser.parameters() if p.requires_grad]
         self.gate_params = [p for p in self.params if p is fuser.gate]
@@ -112,8 +111,6 @@ class Loop:
     def master_loss(self, i: int) -> float:
         """The master's own loss on chunk i (no slots): what the fused model starts at; computed once."""
         if i not in self._master:
-            import torch.nn.functional as F
-
             p = self.data[i]
             pos = torch.arange(p.start, p.start + p.ids.shape[1]).view(1, -1)
             with torch.no_grad():
@@ -136,7 +133,7 @@ class Loop:
             p = self.data[i]
             for g in self.opt.param_groups:
                 g["lr"] = self._lr()
-            loss = self.loss_of(self.fused, self.fuser, p)
+            loss = loss_of(self.fused, self.fuser, p)
             value, base = float(loss.detach()), self.master_loss(i)
             run_f = value if run_f is None else 0.9 * run_f + 0.1 * value
             run_m = base if run_m is None else 0.9 * run_m + 0.1 * base
