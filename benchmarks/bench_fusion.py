@@ -26,7 +26,7 @@ from transformers import DynamicCache
 import fusionlab as fl
 from fusionlab.engine.fit import calibration_paragraphs
 from fusionlab.engine.kv_capture import capture_kv
-from fusionlab.experiments.ttft import measure
+from fusionlab.experiments.nb00_ttft import measure
 from fusionlab.lab.readme import BENCH_PARTS
 
 from fusionlab.analysis.paired_timing import paired_ratio

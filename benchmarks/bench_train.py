@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import fusionlab as fl
 from fusionlab.training.fuser import FuserConfig, LearnedFuser
 from fusionlab.training.chunks import TrainChunk, loss_of, prepare
-from fusionlab.experiments import corpora
+from fusionlab.experiments import nb07_corpora as corpora
 
 from fusionlab.analysis.paired_timing import paired_ratio
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pandas as pd
 
 import fusionlab as fl
-from fusionlab.experiments import cache_bus as bus
-from fusionlab.experiments import humaneval as he
+from fusionlab.experiments import nb04_cache_bus as bus
+from fusionlab.experiments import nb04_humaneval as he
 from fusionlab.lab.rerun import table_at_commit
 from fusionlab.paths import results_dir
 

@@ -15,7 +15,7 @@ from fusionlab.training.fuser import FuserConfig, LearnedFuser
 from fusionlab.engine.sampling import SamplingConfig
 from fusionlab.training import TrainChunk, TrainConfig, train_fuser
 from fusionlab.errors import FusionLabError
-from fusionlab.experiments import humaneval as he, niah
+from fusionlab.experiments import nb04_humaneval as he, nb02_niah as niah
 from fusionlab.models.tiny import tiny_tokenizer
 
 TEXT = "The quick brown fox jumps over the lazy dog."

@@ -15,7 +15,7 @@ import pytest
 WORKER = r'''
 import sys, torch
 import fusionlab as fl
-from fusionlab.experiments import humaneval as he, niah, niah_grid as ng
+from fusionlab.experiments import nb04_humaneval as he, nb02_niah as niah, nb02_niah_grid as ng
 kind, cache, hay = sys.argv[1], sys.argv[2], sys.argv[3]
 torch.set_num_threads(1)
 m = fl.load("tiny-qwen2")

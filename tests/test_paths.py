@@ -40,7 +40,7 @@ def test_installed_wheel_finds_its_packaged_data(tmp_path):
     wheel = next(wheel_dir.glob("fusionlab-*.whl"))
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
                    check=True, capture_output=True)
-    probe = ("import fusionlab.paths as p, fusionlab.engine.fit as f, fusionlab.experiments.niah as n;"
+    probe = ("import fusionlab.paths as p, fusionlab.engine.fit as f, fusionlab.experiments.nb02_niah as n;"
              "print(p.clone_root(), p.data_dir().name, len(f.calibration_paragraphs()) > 0, len(n.load_needles()),"
              " p.results_dir() == p.home() / 'results')")
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True,

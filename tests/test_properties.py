@@ -13,7 +13,7 @@ from fusionlab.engine.layermap import LayerMap
 from fusionlab.engine.sampling import SamplingConfig
 from fusionlab.engine.token_align import align_tokens, offsets
 from fusionlab.errors import FusionLabError
-from fusionlab.experiments import niah
+from fusionlab.experiments import nb02_niah as niah
 from fusionlab.models.tiny import tiny_tokenizer
 
 from conftest import embedded_available

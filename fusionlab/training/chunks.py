@@ -67,7 +67,7 @@ def prepare(fused: FusedModel, chunks: list[TrainChunk], task: str, reads: list[
 
 def check_chunks(chunks: list[TrainChunk], task: str) -> None:
     if not chunks:
-        raise FusionLabError("train_fuser needs training chunks; got none (see experiments.corpora).")
+        raise FusionLabError("train_fuser needs training chunks; got none (see experiments.nb07_corpora).")
     for n, ch in enumerate(chunks):
         if not isinstance(ch, TrainChunk) or len(ch.text.strip()) < 16:
             raise FusionLabError(f"training chunk {n} is empty or too short (< 16 characters); give real text.")

@@ -145,7 +145,7 @@ def test_lstsq_fit_is_bit_identical_across_thread_counts(qwen, monkeypatch):
 
 def test_qwen_self_offload_equals_the_master_reading_the_document(qwen, qwen_slave):
     """The context-offload anchor on the real model: a copy of Qwen reads the document, the master only the question."""
-    from fusionlab.experiments.niah import load_needles
+    from fusionlab.experiments.nb02_niah import load_needles
 
     needle = load_needles()[0]
     doc = ("Notes from the planning meeting. " * 6) + needle.needle + " " + needle.distractor

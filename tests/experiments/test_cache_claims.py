@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fusionlab.experiments import cache_claims as cc
-from fusionlab.experiments.niah import load_needles
+from fusionlab.experiments import nb08_cache_claims as cc
+from fusionlab.experiments.nb02_niah import load_needles
 
 from conftest import TEXT
 

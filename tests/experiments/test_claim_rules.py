@@ -5,7 +5,8 @@ import pandas as pd
 import pytest
 
 from fusionlab.errors import FusionLabError
-from fusionlab.experiments import cache_bus, kv_budget, misalignment as mis, ttft
+from fusionlab.experiments import nb00_claims as claims00, nb01_claims as claims01, nb04_cache_bus as cache_bus
+from fusionlab.experiments import nb04_claims as claims04, nb05_claims as claims05
 from fusionlab.experiments.claim import Claim
 
 
@@ -16,16 +17,16 @@ def test_claim_refuses_an_unknown_verdict():
 
 
 def test_warmup_claim():
-    fast = ttft.warmup_claim({"cold_s": 3.2, "warm_median_s": 0.78, "warm_runs": 5})
-    slow = ttft.warmup_claim({"cold_s": 0.46, "warm_median_s": 0.41, "warm_runs": 3})
+    fast = claims00.warmup_claim({"cold_s": 3.2, "warm_median_s": 0.78, "warm_runs": 5})
+    slow = claims00.warmup_claim({"cold_s": 0.46, "warm_median_s": 0.41, "warm_runs": 3})
     assert fast.verdict == "supported" and "(x0.24)" in fast.measured
     assert slow.verdict == "not supported" and "median of 3 warm" in slow.n
 
 
 def test_size_mismatch_claim():
     err = "Error(s) in loading state_dict:\n\tsize mismatch for model.embed_tokens.weight: copying a param ..."
-    assert mis.size_mismatch_claim(err).verdict == "supported"
-    assert mis.size_mismatch_claim("no error (the architectures match)").verdict == "not supported"
+    assert claims01.size_mismatch_claim(err).verdict == "supported"
+    assert claims01.size_mismatch_claim("no error (the architectures match)").verdict == "not supported"
 
 
 def _nll(rows: list[tuple], cols: list[str]) -> pd.DataFrame:
@@ -37,8 +38,8 @@ def test_tokenizer_claim():
                   for k in ("own ids", "x ids")], ["text", "ids", "nll"])
     same = _nll([(i, k, 3.0 + 0.1 * i * (1 if k == "own ids" else -1)) for i in range(6)
                  for k in ("own ids", "x ids")], ["text", "ids", "nll"])
-    assert mis.tokenizer_claim(worse).verdict == "supported" and "+8.00" in mis.tokenizer_claim(worse).measured
-    assert mis.tokenizer_claim(same).verdict == "inconclusive"
+    assert claims01.tokenizer_claim(worse).verdict == "supported" and "+8.00" in claims01.tokenizer_claim(worse).measured
+    assert claims01.tokenizer_claim(same).verdict == "inconclusive"
 
 
 def _rope(naive_gap: float, fixed_gap: float) -> pd.DataFrame:
@@ -52,9 +53,9 @@ def _rope(naive_gap: float, fixed_gap: float) -> pd.DataFrame:
 
 
 def test_rope_claim():
-    assert mis.rope_claim(_rope(0.25, 0.0)).verdict == "supported"
-    assert mis.rope_claim(_rope(0.0, 0.0)).verdict == "inconclusive"  # naive keys do no harm: nothing shown
-    assert mis.rope_claim(_rope(0.25, 0.30)).verdict == "inconclusive"  # re-rotation no better
+    assert claims01.rope_claim(_rope(0.25, 0.0)).verdict == "supported"
+    assert claims01.rope_claim(_rope(0.0, 0.0)).verdict == "inconclusive"  # naive keys do no harm: nothing shown
+    assert claims01.rope_claim(_rope(0.25, 0.30)).verdict == "inconclusive"  # re-rotation no better
 
 
 def _norm(delta: float) -> pd.DataFrame:
@@ -64,9 +65,9 @@ def _norm(delta: float) -> pd.DataFrame:
 
 
 def test_norm_claim():
-    assert mis.norm_claim("impossible", _norm(0.5)).verdict == "not supported"
-    assert mis.norm_claim("impossible", _norm(-0.5)).verdict == "supported"
-    assert mis.norm_claim("impossible", _norm(-0.005)).verdict == "inconclusive"
+    assert claims01.norm_claim("impossible", _norm(0.5)).verdict == "not supported"
+    assert claims01.norm_claim("impossible", _norm(-0.5)).verdict == "supported"
+    assert claims01.norm_claim("impossible", _norm(-0.005)).verdict == "inconclusive"
 
 
 def test_stride_claim_is_judged_against_the_master():
@@ -76,10 +77,10 @@ def test_stride_claim_is_judged_against_the_master():
                              "nll": [sum(stride) / 6, sum(other) / 6], "r2_keys": [-4.1, 0.3],
                              "nll_per_text": [stride, other]})
     worse = [x + 1.0 + 0.01 * i for i, x in enumerate(master)]  # best of the maps, but far worse than the master
-    assert mis.stride_claim(maps(worse, [x + 1.2 for x in master]), master).verdict == "not supported"
+    assert claims01.stride_claim(maps(worse, [x + 1.2 for x in master]), master).verdict == "not supported"
     same = [x + 0.01 * (-1) ** i for i, x in enumerate(master)]
-    assert mis.stride_claim(maps(same, [x + 0.5 for x in master]), master).verdict == "supported"
-    assert mis.stride_claim(maps(same, [x - 0.5 for x in master]), master).verdict == "not supported"  # not the best
+    assert claims01.stride_claim(maps(same, [x + 0.5 for x in master]), master).verdict == "supported"
+    assert claims01.stride_claim(maps(same, [x - 0.5 for x in master]), master).verdict == "not supported"  # not the best
 
 
 def _bus(master: int, bus: int, n: int, p: float):
@@ -91,32 +92,32 @@ def _bus(master: int, bus: int, n: int, p: float):
 
 
 def test_humaneval_claim_branches():
-    assert cache_bus.humaneval_claim(*_bus(70, 95, 164, 0.001), 164).verdict == "supported"
-    assert cache_bus.humaneval_claim(*_bus(71, 3, 164, 1e-20), 164).verdict == "not supported"
-    assert cache_bus.humaneval_claim(*_bus(71, 75, 164, 0.4), 164).verdict == "not supported"  # no gain on >= 100
-    assert cache_bus.humaneval_claim(*_bus(7, 8, 16, 0.9), 16).verdict == "inconclusive"
-    assert "syntax errors: master 2, +a +b 9 of 16" in cache_bus.humaneval_claim(*_bus(7, 8, 16, 0.9), 16).measured
+    assert claims04.humaneval_claim(*_bus(70, 95, 164, 0.001), 164).verdict == "supported"
+    assert claims04.humaneval_claim(*_bus(71, 3, 164, 1e-20), 164).verdict == "not supported"
+    assert claims04.humaneval_claim(*_bus(71, 75, 164, 0.4), 164).verdict == "not supported"  # no gain on >= 100
+    assert claims04.humaneval_claim(*_bus(7, 8, 16, 0.9), 16).verdict == "inconclusive"
+    assert "syntax errors: master 2, +a +b 9 of 16" in claims04.humaneval_claim(*_bus(7, 8, 16, 0.9), 16).measured
 
 
 def test_memory_and_kv_claims():
-    assert cache_bus.memory_claim(3.6, 2**20).verdict == "not testable here"
+    assert claims04.bus_memory_claim(3.6, 2**20).verdict == "not testable here"
     worked = pd.DataFrame({"model": ["Gemma 2 27B", "Gemma 3 27B"], "formula, all layers full (GB)": [12.3, 16.6],
                            "with sliding windows (GB)": [6.9, 3.1]})
-    assert "Gemma 2 27B 12.3 GB" in kv_budget.worked_example_claim(worked, 164032, 21.47).measured
-    assert kv_budget.worked_example_claim(worked, 164032, 21.47).verdict == "partly supported"
-    assert kv_budget.worked_example_claim(worked, 164032, 30.0).verdict == "not supported"
-    assert kv_budget.worked_example_claim(worked.assign(**{"formula, all layers full (GB)": [21.4, 16.6]}), 1,
+    assert "Gemma 2 27B 12.3 GB" in claims05.worked_example_claim(worked, 164032, 21.47).measured
+    assert claims05.worked_example_claim(worked, 164032, 21.47).verdict == "partly supported"
+    assert claims05.worked_example_claim(worked, 164032, 30.0).verdict == "not supported"
+    assert claims05.worked_example_claim(worked.assign(**{"formula, all layers full (GB)": [21.4, 16.6]}), 1,
                                           21.47).verdict == "supported"
     real = pd.DataFrame({"model": ["a", "a", "b"], "seq_len": [1, 2, 1], "formula_equals_measured": [True, True, False]})
-    assert kv_budget.formula_claim(real).verdict == "not supported"
-    assert kv_budget.formula_claim(real.assign(formula_equals_measured=True)).verdict == "supported"
-    assert kv_budget.hybrid_claim(0.245, 0.267).verdict == "supported"
-    assert kv_budget.hybrid_claim(0.40, 0.45).verdict == "partly supported"
-    assert "36 GB bf16" in kv_budget.stitched_fit_claim().measured
+    assert claims05.formula_claim(real).verdict == "not supported"
+    assert claims05.formula_claim(real.assign(formula_equals_measured=True)).verdict == "supported"
+    assert claims05.hybrid_claim(0.245, 0.267).verdict == "supported"
+    assert claims05.hybrid_claim(0.40, 0.45).verdict == "partly supported"
+    assert "36 GB bf16" in claims05.stitched_fit_claim().measured
 
 
 def test_degradation_rule_on_hand_made_rates():
-    from fusionlab.experiments.niah_claims import degradation_claim
+    from fusionlab.experiments.nb02_claims import degradation_claim
 
     def rates(correct: list[tuple[float, float, float]]) -> pd.DataFrame:
         return pd.DataFrame([{"setting": "single", "length": 1024 * 2**k, "n": 9, "correct": c, "correct_lo": lo,
@@ -136,5 +137,5 @@ def test_memory_probe_generates_whatever_the_cache_holds(tiny):
     proj = fl.fit_lstsq(m, s, texts=["def f(x): return x + 1", "the quick brown fox jumps"], holdout_every=0)
     gb = cache_bus.memory_probe(m, {"s": (s, proj)}, ["def add(a, b):", "x = 1"], max_new_tokens=2)
     assert gb > 0.05
-    claim = cache_bus.memory_claim(gb, 2**20, batch=2)
+    claim = claims04.bus_memory_claim(gb, 2**20, batch=2)
     assert claim.verdict == "not testable here" and "generating a batch of 2), slots 1.00 MiB" in claim.measured

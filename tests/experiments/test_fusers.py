@@ -9,7 +9,7 @@ import pytest
 import fusionlab as fl
 from fusionlab.training.fuser import FuserConfig, LearnedFuser
 from fusionlab.training.chunks import TrainChunk
-from fusionlab.experiments import corpora, fuser_claims as fc, fusers
+from fusionlab.experiments import nb07_corpora as corpora, nb07_claims as fc, nb07_fusers as fusers
 
 TEXTS = ["The quick brown fox jumps over the lazy dog near the river bank.",
          "def add(a, b):\n    return a + b  # a small function",

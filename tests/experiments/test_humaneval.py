@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 import fusionlab as fl
-from fusionlab.experiments import humaneval as he
+from fusionlab.experiments import nb04_humaneval as he
 
 
 def test_checker_scores_right_wrong_hang_and_crash():

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 import fusionlab as fl
-from fusionlab.experiments import keywords as kwm
+from fusionlab.experiments import nb03_keywords as kwm, nb03_claims as claims
 from fusionlab.analysis.attention_views import interactive_view, layer_head_heatmap, token_strip_html
 from fusionlab.analysis.attention_capture import token_labels
 from fusionlab.errors import FusionLabError
@@ -118,8 +118,8 @@ def test_keyword_claim_needs_a_keyword_specific_rise():
                              {"setting": "s", "tokens": "control", "n_prompts": 40, "mean_ratio": ctrl[0],
                               "ci_low": ctrl[1], "ci_high": ctrl[2]}])
 
-    assert kwm.keyword_claim(summary((2.4, 2.1, 2.7), (1.0, 0.9, 1.1))).verdict == "supported"
-    assert kwm.keyword_claim(summary((2.4, 2.1, 2.7), (2.6, 2.2, 3.0))).verdict == "not supported"  # all tokens rise
-    assert kwm.keyword_claim(summary((1.2, 1.0, 1.4), (1.0, 0.9, 1.1))).verdict == "not supported"
-    both = kwm.keyword_claim(summary((1.2, 1.0, 1.4), (1.0, 0.9, 1.1)), summary((2.4, 2.1, 2.7), (1.0, 0.9, 1.1)), 16)
+    assert claims.keyword_claim(summary((2.4, 2.1, 2.7), (1.0, 0.9, 1.1))).verdict == "supported"
+    assert claims.keyword_claim(summary((2.4, 2.1, 2.7), (2.6, 2.2, 3.0))).verdict == "not supported"  # all tokens rise
+    assert claims.keyword_claim(summary((1.2, 1.0, 1.4), (1.0, 0.9, 1.1))).verdict == "not supported"
+    both = claims.keyword_claim(summary((1.2, 1.0, 1.4), (1.0, 0.9, 1.1)), summary((2.4, 2.1, 2.7), (1.0, 0.9, 1.1)), 16)
     assert both.verdict == "supported" and "16 answer tokens" in both.measured

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 
 import fusionlab as fl
-from fusionlab.experiments import niah
+from fusionlab.experiments import nb02_niah as niah
 from fusionlab.errors import FusionLabError
-from fusionlab.experiments.niah_grid import Setting, effective_length, rates, run_grid
+from fusionlab.experiments.nb02_niah_grid import Setting, effective_length, rates, run_grid
 from fusionlab.models.tiny import tiny_tokenizer
 
 HAY = " ".join(f"Sentence number {i} talks about rivers, bread and lighthouses." for i in range(400))
@@ -77,7 +77,7 @@ def test_grid_runs_scores_and_resumes(tiny, tmp_path, monkeypatch):
 def test_niah_claim_rules():
     import pandas as pd
 
-    from fusionlab.experiments.niah_claims import hallucination_claim, memory_claim
+    from fusionlab.experiments.nb02_claims import hallucination_claim, remembers_longer_claim
 
     def rates(single, naive, n=6):
         rows = []
@@ -107,9 +107,9 @@ def test_niah_claim_rules():
     eff = pd.DataFrame({"setting": ["single", "fused, matched RoPE", "θ×0.5, naive"],
                         "effective_length": [4096, 8192, 0], "grid_max": [8192, 8192, 1024]})
     r = rates((0.1, 0.0, 0.2), (0.1, 0.0, 0.2), n=12)
-    m = memory_claim(r, eff, [4096, 8192])
+    m = remembers_longer_claim(r, eff, [4096, 8192])
     assert m.verdict == "supported" and "θ×0.5" not in m.measured
-    assert memory_claim(r, eff.assign(effective_length=8192), [4096, 8192]).verdict == "inconclusive"
+    assert remembers_longer_claim(r, eff.assign(effective_length=8192), [4096, 8192]).verdict == "inconclusive"
 
 
 def test_our_chinese_haystack_holds_an_8k_context_without_the_answers():

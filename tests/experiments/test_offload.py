@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 import fusionlab as fl
-from fusionlab.experiments import niah, offload as off, offload_stats as st
+from fusionlab.experiments import nb02_niah as niah, nb06_offload as off, nb06_offload_stats as st, nb06_claims as claims
 from fusionlab.paths import asset
 
 HAY = " ".join(f"Sentence number {i} talks about rivers, harbours and old maps of the town." for i in range(400))
@@ -80,11 +80,11 @@ def test_transfer_rate_values():
     assert np.isnan(same["transfer"]) and same["defined_share"] == 0
 
 
-def test_memory_claim_branches():
+def test_borrowed_memory_claim_branches():
     n = 40
     base = {"floor": ("floor", [0] * n), "sky": ("skyline", [1] * n), "self-offload": ("self", [1] * n)}
     good = frame(base | {"+s": ("cross", [1] * 30 + [0] * 10), "+s, shuffled doc": ("control", [0] * n)})
-    claim = lambda df: st.memory_claim(st.accuracy(df), st.transfer(df), st.versus_control(df),  # noqa: E731
+    claim = lambda df: claims.borrowed_memory_claim(st.accuracy(df), st.transfer(df), st.versus_control(df),  # noqa: E731
                                        st.self_agreement(df))
     assert claim(good).verdict == "supported"
     guess = frame(base | {"+s": ("cross", [1] * 30 + [0] * 10), "+s, shuffled doc": ("control", [1] * 30 + [0] * 10)})
@@ -106,11 +106,11 @@ def test_length_claim_branches():
                      {"setting": "floor", "role": "floor", "length": length, "accuracy": 0.0}]
         return pd.DataFrame(rows)
 
-    assert st.length_claim(acc([1, 0, 0], [1, 1, 1])).verdict == "supported"  # 2048 >= 1.42 x 256
-    assert st.length_claim(acc([1, 1, 0], [1, 0, 0])).verdict == "not supported"
-    assert st.length_claim(acc([1, 1, 1], [1, 1, 1])).verdict == "inconclusive"  # both at the grid's top
-    assert st.effective_length(acc([1, 0, 1], [0, 0, 0])).to_dict() == {"sky": 2048, "+s": 0, "floor": 0}
-    assert st.length_claim(acc([1, 1, 0], [1, 0, 0]).assign(n=2)).verdict == "inconclusive"
+    assert claims.length_claim(acc([1, 0, 0], [1, 1, 1])).verdict == "supported"  # 2048 >= 1.42 x 256
+    assert claims.length_claim(acc([1, 1, 0], [1, 0, 0])).verdict == "not supported"
+    assert claims.length_claim(acc([1, 1, 1], [1, 1, 1])).verdict == "inconclusive"  # both at the grid's top
+    assert claims.effective_length(acc([1, 0, 1], [0, 0, 0])).to_dict() == {"sky": 2048, "+s": 0, "floor": 0}
+    assert claims.length_claim(acc([1, 1, 0], [1, 0, 0]).assign(n=2)).verdict == "inconclusive"
 
 
 @pytest.mark.parametrize("size", ["quick", "default", "full"])

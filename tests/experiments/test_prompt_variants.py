@@ -6,7 +6,7 @@ import re
 import pandas as pd
 import pytest
 
-from fusionlab.experiments import humaneval as he, prompt_variants as pv
+from fusionlab.experiments import nb04_humaneval as he, nb09_prompt_variants as pv, nb09_claims as claims
 
 
 def test_translated_prompts_keep_code_examples_and_tests():
@@ -26,9 +26,9 @@ def test_alignment_quality_on_tiny(tiny):
     df = pv.alignment_quality(tiny("tiny-qwen2"), tiny("tiny-llama"), ["def add(a, b): return a + b", "加法 add 函数"])
     assert list(df.columns) == ["text", "english_tokens", "same_split", "slave_per_master"] and len(df) == 2
     en = pd.DataFrame({"same_split": [0.9, 0.8, 0.95, 0.9]})
-    assert pv.split_verdict(en, en.assign(same_split=en["same_split"] - 0.2))[0] == "supported"
-    assert pv.split_verdict(en, en.assign(same_split=en["same_split"] + 0.2))[0] == "not supported"
-    assert pv.split_verdict(en, en)[0] == "not supported"  # identical: within +-0.01 of 0
+    assert claims.split_verdict(en, en.assign(same_split=en["same_split"] - 0.2))[0] == "supported"
+    assert claims.split_verdict(en, en.assign(same_split=en["same_split"] + 0.2))[0] == "not supported"
+    assert claims.split_verdict(en, en)[0] == "not supported"  # identical: within +-0.01 of 0
 
 
 def test_arithmetic_tasks_and_scoring():
@@ -41,8 +41,8 @@ def test_arithmetic_tasks_and_scoring():
     assert not pv.arithmetic_correct("I think 12", mul) and pv.arithmetic_correct("0.8660254038", tasks[0])
     df = pd.DataFrame([{"task": i, "setting": s, "correct": c} for i in range(20)
                        for s, c in (("master", i < 5), ("fused", i < 18))])
-    assert pv.arithmetic_verdict(df, "master")[0] == "not supported"  # a significant gain
-    assert pv.arithmetic_verdict(df.assign(correct=df["task"] < 5), "master")[0] == "supported"
+    assert claims.arithmetic_verdict(df, "master")[0] == "not supported"  # a significant gain
+    assert claims.arithmetic_verdict(df.assign(correct=df["task"] < 5), "master")[0] == "supported"
 
 
 def _lang(master_zh: list[int], fused_zh: list[int]) -> pd.DataFrame:
@@ -57,12 +57,12 @@ def _lang(master_zh: list[int], fused_zh: list[int]) -> pd.DataFrame:
 
 def test_mixed_prompt_rule():
     hurt = pv.language_effect(_lang([1] * 40, [0] * 20 + [1] * 20), "master")
-    assert pv.mixed_prompt_verdict(hurt, "master") == "supported"
+    assert claims.mixed_prompt_verdict(hurt, "master") == "supported"
     helped = pv.language_effect(_lang([0] * 20 + [1] * 20, [1] * 40), "master")
-    assert pv.mixed_prompt_verdict(helped, "master") == "not supported"
+    assert claims.mixed_prompt_verdict(helped, "master") == "not supported"
     same = pv.language_effect(_lang([1, 0] * 20, [1, 0] * 20), "master")
-    assert pv.mixed_prompt_verdict(same, "master") == "inconclusive"
-    assert pv.mixed_prompt_verdict(pv.language_effect(_lang([1] * 10, [0] * 10), "master"), "master") == "inconclusive"
+    assert claims.mixed_prompt_verdict(same, "master") == "inconclusive"
+    assert claims.mixed_prompt_verdict(pv.language_effect(_lang([1] * 10, [0] * 10), "master"), "master") == "inconclusive"
 
 
 def test_temperature_rule():
@@ -70,10 +70,10 @@ def test_temperature_rule():
         return pd.DataFrame([{"setting": "f", "temperature": t, "task_id": i, "passed": v}
                              for t, vs in p.items() for i, v in enumerate(vs)])
     good = {0.3: [0] * 20, 0.55: [1] * 20, 0.7: [0] * 20, 0.9: [0] * 20}
-    assert pv.temperature_verdict(df(good), "f")[0] == "supported"
-    assert pv.temperature_verdict(df({**good, 0.3: [1] * 20, 0.55: [0] * 20}), "f")[0] == "not supported"
-    assert pv.temperature_verdict(df({t: [1, 0] * 10 for t in good}), "f")[0] == "inconclusive"
+    assert claims.temperature_verdict(df(good), "f")[0] == "supported"
+    assert claims.temperature_verdict(df({**good, 0.3: [1] * 20, 0.55: [0] * 20}), "f")[0] == "not supported"
+    assert claims.temperature_verdict(df({t: [1, 0] * 10 for t in good}), "f")[0] == "inconclusive"
     s = pv.sampled_pass_at_1(df(good))
     assert s.set_index("temperature").loc[0.55, "pass@1"] == 1.0
     with pytest.raises(Exception, match="0.55 was not sampled"):
-        pv.temperature_verdict(df({0.3: [1] * 4}), "f")
+        claims.temperature_verdict(df({0.3: [1] * 4}), "f")

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import fusionlab as fl
-from fusionlab.experiments import engine_claims as ec, post_arithmetic as pa
+from fusionlab.experiments import nb08_engine_claims as ec, nb08_arithmetic_claims as pa
 
 from conftest import TEXT
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import zipfile
 
 import fusionlab as fl
-from fusionlab.experiments import speed_claims as sp, stack_claims as sc
+from fusionlab.experiments import nb08_speed_claims as sp, nb08_stack_claims as sc
 
 
 def test_tokenizer_stack(tiny):
@@ -72,7 +72,7 @@ def test_compile_and_tokenizer_rules(tiny):
 def test_residual_injection_on_tiny_models(tiny):
     import torch
 
-    from fusionlab.experiments import residual_claims as rc
+    from fusionlab.experiments import nb08_residual_claims as rc
 
     m, s = tiny("tiny-qwen2"), tiny("tiny-llama")
     texts = ["The quick brown fox jumps over the lazy dog.", "x = 1 + 2  # 代码", "More text, 更多文字, here.",

@@ -1,6 +1,6 @@
 """Cold vs warm time-to-first-token of a fused model, measured in a fresh process (truly cold).
 
-`python -m fusionlab.experiments.ttft MASTER SLAVE` prints JSON; `measure()` runs that and parses it.
+`python -m fusionlab.experiments.nb00_ttft MASTER SLAVE` prints JSON; `measure()` runs that and parses it.
 """
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 
-from .claim import Claim
 
 PROMPT = "In one sentence, what is a key-value cache in a transformer?"
 
@@ -41,20 +40,9 @@ def _run(master: str, slave: str, warm_runs: int) -> dict:
 
 
 def measure(master: str, slave: str, warm_runs: int = 5) -> dict:
-    out = subprocess.run([sys.executable, "-m", "fusionlab.experiments.ttft", master, slave, str(warm_runs)],
+    out = subprocess.run([sys.executable, "-m", "fusionlab.experiments.nb00_ttft", master, slave, str(warm_runs)],
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def warmup_claim(ttft: dict) -> Claim:
-    """Supported iff the warm median is under half the cold call (the blog: 3.2 s -> 0.78 s, x0.24)."""
-    ratio = ttft["warm_median_s"] / ttft["cold_s"]
-    return Claim(claim="warm-up cuts fused time-to-first-token", seed_section="seed 1 (blog)",
-                 seed_value="3.2 s -> 0.78 s (x0.24)",
-                 measured=f"{ttft['cold_s']:.2f} s -> {ttft['warm_median_s']:.2f} s (x{ratio:.2f})",
-                 n=f"1 cold call, median of {ttft['warm_runs']} warm",
-                 setup="Qwen 0.5B + SmolLM2 (lstsq, concat, prefix), CPU fp32",
-                 verdict="supported" if ratio < 0.5 else "not supported", claim_id="C45", notebook="00_quickstart")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from ..engine.projector import LstsqProjector
 from ..engine.slave import Slave
 from ..errors import FusionLabError
 from ..paths import cache_dir
-from .niah import ABSTAIN, Needle, build_context, load_haystack, load_needles, score
+from .nb02_niah import ABSTAIN, Needle, build_context, load_haystack, load_needles, score
 
 INSTRUCTION = {"en": "Answer the question briefly, using only the document above.",
                "zh": "请根据上面的文档简短地回答问题。"}

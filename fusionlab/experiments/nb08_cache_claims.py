@@ -18,11 +18,11 @@ from transformers import DynamicCache
 
 from ..analysis import kv
 from ..analysis.attention_edits import causal_band, edit_attention, fake_quantize
-from ..analysis.stats import bootstrap_ci, mcnemar, wilson
+from ..analysis.stats import bootstrap_ci, interval, mcnemar, wilson
 from ..engine.lm import LM
 from .claim import Claim
-from .kv_budget import QWEN3_NEXT_80B, weights_gb
-from .post_arithmetic import state_over_length
+from .nb05_kv_budget import QWEN3_NEXT_80B, weights_gb
+from .nb08_arithmetic_claims import state_over_length
 
 NB = "08_remaining_claims"
 
@@ -154,7 +154,7 @@ def measure_window_niah(lm: LM, needles: list[Any], haystack: str, lengths: list
                         max_new_tokens: int = 12) -> list[dict[str, Any]]:
     """NIAH on a model with sliding layers: each cell answered with its global layers intact and limited to the
     window; `beyond` says whether the needle lies farther than the window from the prompt's end."""
-    from .niah import build_context, prompt_for, score
+    from .nb02_niah import build_context, prompt_for, score
 
     w = int(lm.model.config.sliding_window)
     rows = []
@@ -241,7 +241,7 @@ def hybrid_context_claim(params: float = 27e9, card_gb: float = 24.0, layers: in
 
 def wilson_text(k: int, n: int) -> str:
     lo, hi = wilson(k, n)
-    return f"{k}/{n} [{lo:.0%}, {hi:.0%}]"
+    return f"{k}/{n} {interval(lo, hi, '.0%')}"
 
 
 def claims(m: dict[str, Any], setup: str) -> list[Claim]:
@@ -251,8 +251,8 @@ def claims(m: dict[str, Any], setup: str) -> list[Claim]:
     for r in s["layers"]:
         kinds.setdefault(r["type"], set()).add(r["kept"])
     tails = all(r["is_the_tail"] for r in s["layers"])
-    bits = "; ".join(f"int{b}: " + ", ".join(f"{name} NLL {x['nll']:.3f} (Δ {x['delta']:+.4f} [{x['ci'][0]:+.4f}, "
-                                           f"{x['ci'][1]:+.4f}])" for name, x in r["schemes"].items())
+    bits = "; ".join(f"int{b}: " + ", ".join(f"{name} NLL {x['nll']:.3f} (Δ {x['delta']:+.4f} "
+                                           f"{interval(*x['ci'], '+.4f')})" for name, x in r["schemes"].items())
                      + f"; {r['bytes_vs_bf16']:.3f}x the bf16 bytes" for b, r in q["bits"].items())
     wv, ws = window_niah_verdict(m["window_niah"])
     nt = t["next_token"]

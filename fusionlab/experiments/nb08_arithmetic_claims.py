@@ -13,7 +13,7 @@ import torch
 from ..analysis import kv
 from ..engine.rope import apply_rope
 from .claim import Claim
-from .kv_budget import weights_gb  # weight bytes alone, GB (1e9)
+from .nb05_kv_budget import weights_gb  # weight bytes alone, GB (1e9)
 
 NB = "08_remaining_claims"
 

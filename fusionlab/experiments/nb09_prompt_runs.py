@@ -13,8 +13,8 @@ from ..engine.lm import LM
 from ..engine.projector import LstsqProjector
 from ..engine.slave import Slave
 from ..paths import data_dir
-from . import cache_bus, humaneval as he
-from .prompt_variants import ArithmeticTask, arithmetic_correct
+from . import nb04_cache_bus as cache_bus, nb04_humaneval as he
+from .nb09_prompt_variants import ArithmeticTask, arithmetic_correct
 
 Settings = dict[str, tuple[str, Callable[[], FusedModel]]]
 

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ..analysis.evaluate import token_nll
-from ..analysis.stats import bootstrap_ci
+from ..analysis.stats import bootstrap_ci, interval
 from ..engine.arch import decoder_layers
 from ..engine.fit import calibration_paragraphs
 from ..engine.fuse import fuse
@@ -127,8 +127,8 @@ def residual_claim(m: dict[str, Any], setup: str) -> Claim:
     return Claim(claim="inject only the slave's K/V; its FFN/residual would break the master", seed_section="A§2.2",
                  seed_value="qualitative",
                  measured=f"held-out NLL: master {n['master alone']:.3f}, K/V only {n['K/V only']:.3f} (Δ {dk:+.3f} "
-                          f"[{klo:+.3f}, {khi:+.3f}]), K/V + slave MLP output {n['K/V + MLP']:.3f} (Δ vs K/V only {d:+.3f} "
-                          f"[{lo:+.3f}, {hi:+.3f}]), MLP output alone {n['MLP only']:.3f}",
+                          f"{interval(klo, khi, '+.3f')}), K/V + slave MLP output {n['K/V + MLP']:.3f} (Δ vs K/V only {d:+.3f} "
+                          f"{interval(lo, hi, '+.3f')}), MLP output alone {n['MLP only']:.3f}",
                  n=f"n={m['n']} held-out texts, paired bootstrap",
                  setup=setup + f"; ridge maps of the MLP output at "
                        f"{m['layers']} mapped layers, fitted on the calibration text",

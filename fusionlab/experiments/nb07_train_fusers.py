@@ -1,4 +1,4 @@
-"""`python -m fusionlab.experiments.train_fusers [--size full]`: train every fuser of a run size's plan, in order,
+"""`python -m fusionlab.experiments.nb07_train_fusers [--size full]`: train every fuser of a run size's plan, in order,
 resumable (each run checkpoints; finished ones are skipped), so the long full-mode training can run apart from the
 notebook. Notebook 07 then reloads what this wrote (data/fusers/ for full mode)."""
 from __future__ import annotations
@@ -6,15 +6,15 @@ from __future__ import annotations
 import argparse
 import time
 
-from . import corpora
-from . import fusers as fz
+from . import nb07_corpora as corpora
+from . import nb07_fusers as fz
 
 
 def main(argv: list[str] | None = None) -> int:
     from ..engine.fit import fit_lstsq
     from ..models.zoo import load
 
-    ap = argparse.ArgumentParser(prog="python -m fusionlab.experiments.train_fusers")
+    ap = argparse.ArgumentParser(prog="python -m fusionlab.experiments.nb07_train_fusers")
     ap.add_argument("--size", default="full", choices=["quick", "default", "full"])
     ap.add_argument("--slaves", nargs="*", default=None)
     args = ap.parse_args(argv)

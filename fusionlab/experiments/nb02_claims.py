@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ..analysis.stats import interval, wilson
 from .claim import Claim
-from ..analysis.stats import wilson
 
 NB = "02_rope_mismatch_hallucination"
 
 
 def _fmt(row: pd.Series) -> str:
-    return f"{row['wrong']:.0%} [{row['wrong_lo']:.0%}, {row['wrong_hi']:.0%}]"
+    return f"{row['wrong']:.0%} {interval(row['wrong_lo'], row['wrong_hi'], '.0%')}"
 
 
 def _pooled(rates: pd.DataFrame, settings: list[str]) -> str:
@@ -29,7 +29,7 @@ def _pooled(rates: pd.DataFrame, settings: list[str]) -> str:
         g = rates[(rates["setting"] == s) & rates["length"].isin(shared)]
         counts[s] = int(round((g["wrong"] * g["n"]).sum())), int(g["n"].sum())
     ns = {n for _, n in counts.values()}
-    items = [f"{s} {k / n:.0%} [{wilson(k, n)[0]:.0%}, {wilson(k, n)[1]:.0%}]" + ("" if len(ns) == 1 else f" (n={n})")
+    items = [f"{s} {k / n:.0%} {interval(*wilson(k, n), '.0%')}" + ("" if len(ns) == 1 else f" (n={n})")
              for s, (k, n) in counts.items()]
     each = f" (n={ns.pop()} each)" if len(ns) == 1 else ""
     return f"; pooled over {min(shared)}-{max(shared)} tokens{each}: " + ", ".join(items)
@@ -55,7 +55,7 @@ def hallucination_claim(rates: pd.DataFrame) -> Claim:
                  notebook=NB)
 
 
-def memory_claim(rates: pd.DataFrame, eff: pd.DataFrame, lengths: list[int]) -> Claim:
+def remembers_longer_claim(rates: pd.DataFrame, eff: pd.DataFrame, lengths: list[int]) -> Claim:
     whole = eff[eff["grid_max"] == max(lengths)] if "grid_max" in eff else eff  # sweep-only settings say nothing here
     e = whole.set_index("setting")["effective_length"]
     top = max(lengths)
@@ -78,7 +78,7 @@ def degradation_claim(rates: pd.DataFrame, run_size: str, notebook: str = "08_re
     single = rates[rates["setting"] == "single"].sort_values("length")
     a, z = single.iloc[0], single.iloc[-1]
     drop = z["correct_hi"] < a["correct_lo"]
-    curve = ", ".join(f"{int(r['length'])}: {r['correct']:.0%} [{r['correct_lo']:.0%}, {r['correct_hi']:.0%}]"
+    curve = ", ".join(f"{int(r['length'])}: {r['correct']:.0%} {interval(r['correct_lo'], r['correct_hi'], '.0%')}"
                       for _, r in single.iterrows())
     return Claim(claim="long-context quality degrades even with KV optimisations", seed_section="B§4.4",
                  seed_value="qualitative",

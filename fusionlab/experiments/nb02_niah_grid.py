@@ -21,7 +21,7 @@ from ..engine.fuse import FusedModel
 from ..engine.lm import LM
 from ..errors import FusionLabError
 from ..paths import cache_dir
-from .niah import Needle, build_context, load_haystack, prompt_for, score
+from .nb02_niah import Needle, build_context, load_haystack, prompt_for, score
 
 @dataclass
 class Setting:
@@ -219,7 +219,7 @@ def plan(size: str) -> GridPlan:
 
 def run_plan(master: LM, p: GridPlan, cross: LM | None, haystacks: dict[str, str]) -> pd.DataFrame:
     """Main grid, then the sweep (variants only; its baselines come from the main grid), as one DataFrame."""
-    from .niah import load_needles
+    from .nb02_niah import load_needles
 
     needles = {n.id: n for n in load_needles()}
     chosen = [needles[i] for i in p.needles]

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..analysis.stats import interval
 from ..analysis.paired_timing import paired_ratio
 from ..engine.fuse import fuse
 from ..engine.lm import LM
@@ -157,7 +158,7 @@ def tokenizer_instances_verdict(m: dict[str, Any]) -> str:
 def claims(m: dict[str, Any], setup: str) -> list[Claim]:
     """The claims of this part from `m` = {'live', 'compile', 'tok_instances'}."""
     lv, cp, ti = m["live"], m["compile"], m["tok_instances"]
-    live = "; ".join(f"{r['slave']}: {r['ratio']:.2f}x [{r['ci_low']:.2f}, {r['ci_high']:.2f}] ({r['reps']} pairs)"
+    live = "; ".join(f"{r['slave']}: {r['ratio']:.2f}x {interval(r['ci_low'], r['ci_high'], '.2f')} ({r['reps']} pairs)"
                      if r.get("ratio") is not None else f"{r['slave']}: cannot run live ({r['why_not'][:90]})"
                      for r in lv)
     comp = (f"does not compile: {cp['error']}" if not cp["compiles"] else

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from ..analysis.stats import bootstrap_ci
+from ..analysis.stats import bootstrap_ci, interval
 from ..engine.kv_capture import capture_kv
 from ..engine.lm import LM
 from .claim import Claim
@@ -223,8 +223,8 @@ def claims(m: dict[str, Any], setup: str) -> list[Claim]:
         Claim(claim="the master's output smoothness drops < 0.3 %; fused output entropy is higher",
               seed_section="A§2.2, §5.4", seed_value="< 0.3 %",
               measured=f"entropy {e['entropy_master']:.3f} → {e['entropy_fused']:.3f} nats (Δ {e['entropy_diff']:+.3f}, "
-                       f"95% CI [{lo:+.3f}, {hi:+.3f}]); NLL {e['nll_master']:.3f} → {e['nll_fused']:.3f} "
-                       f"(Δ CI [{nlo:+.3f}, {nhi:+.3f}], {(e['nll_fused'] / e['nll_master'] - 1):+.1%}; the post: < 0.3 %)",
+                       f"95% CI {interval(lo, hi, '+.3f')}); NLL {e['nll_master']:.3f} → {e['nll_fused']:.3f} "
+                       f"(Δ CI {interval(nlo, nhi, '+.3f')}, {(e['nll_fused'] / e['nll_master'] - 1):+.1%}; the post: < 0.3 %)",
               n=f"n={e['n']} held-out texts, paired bootstrap", setup=setup + ", SmolLM2 slave, lstsq, concat",
               verdict=entropy_verdict(e), notebook=NB, claim_id="C05"),
         Claim(claim="a larger batch raises throughput and latency", seed_section="B§4.2", seed_value="qualitative",

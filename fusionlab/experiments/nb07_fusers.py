@@ -8,7 +8,7 @@ those, and train a short run only where none exists. Everything here reads held-
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 
 from ..analysis.stats import bootstrap_ci
-from ..engine.fuse import FusedModel, fuse
+from ..engine.fuse import fuse
 from ..training.fuser import FuserConfig, LearnedFuser, match_table
 from ..engine.lm import LM
 from ..engine.projector import LstsqProjector
@@ -26,7 +26,7 @@ from ..training.chunks import TrainChunk, loss_of, prepare
 from ..training.train import TrainConfig, train_fuser
 from ..errors import FusionLabError
 from ..paths import cache_dir, data_dir
-from . import corpora
+from . import nb07_corpora as corpora
 
 VARIANTS = ("slave", "shuffled", "noise", "constant")
 

@@ -1,0 +1,62 @@
+"""Notebook 07's figures: training curves, held-out NLL change per control, edit size per layer (numbers from
+`nb07_fusers` and `nb07_claims`; this module only draws)."""
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+
+def plot_curves(histories: dict[str, pd.DataFrame], window: int = 10) -> Any:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    for name, h in histories.items():
+        if len(h):
+            ax.plot(h["tokens"], h["gain"].rolling(window, min_periods=1).mean(), label=name, lw=1)
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xlabel("training tokens")
+    ax.set_ylabel(f"master loss - fused loss\n(training chunks, mean of {window})")
+    ax.legend(fontsize=5)
+    fig.tight_layout()
+    return fig
+
+
+def plot_gains(gains: pd.DataFrame) -> Any:
+    import matplotlib.pyplot as plt
+
+    g = gains[gains["domain"] != "all"]
+    settings, domains = list(dict.fromkeys(g["setting"])), list(dict.fromkeys(g["domain"]))
+    fig, ax = plt.subplots(figsize=(6.5, 0.3 * len(settings) * len(domains) / 2 + 1.5))
+    y = 0
+    ticks = []
+    for s in settings:
+        for k, d in enumerate(domains):
+            r = g[(g["setting"] == s) & (g["domain"] == d)]
+            if len(r):
+                r = r.iloc[0]
+                ax.errorbar(r["delta"], y, xerr=[[r["delta"] - r["lo"]], [r["hi"] - r["delta"]]], fmt="o",
+                            color=f"C{k}", capsize=2, label=d if s == settings[0] else None)
+                ticks.append((y, f"{s}"))
+                y += 1
+        y += 0.5
+    ax.axvline(0, color="grey", lw=0.8)
+    ax.set_yticks([t for t, _ in ticks], [n for _, n in ticks], fontsize=5)
+    ax.invert_yaxis()
+    ax.set_xlabel("held-out NLL change vs master alone (nats/token, 95% CI); < 0 = better")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    return fig
+
+
+def plot_edits(edits: pd.DataFrame) -> Any:
+    """edits: fuser, layer, k_edit, v_edit (and gate) -> heatmap fuser x layer of the value edit size."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    grid = edits.pivot_table(index="fuser", columns="layer", values="v_edit")
+    fig, ax = plt.subplots(figsize=(0.3 * grid.shape[1] + 2, 0.35 * grid.shape[0] + 1.5))
+    sns.heatmap(grid, cmap="magma", ax=ax, cbar_kws={"label": "RMS(fuser output) / RMS(master V)"})
+    ax.set_xlabel("master layer")
+    fig.tight_layout()
+    return fig
