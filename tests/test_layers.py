@@ -179,3 +179,36 @@ def test_the_circle_checker_catches_a_circle_inside_a_function(tmp_path, monkeyp
     graph = import_graph(sorted(fake.rglob("*.py")))
     assert graph["engine.b"] == {"engine.a"}
     assert circles(graph) == [["engine.a", "engine.b"]]
+
+
+LAZY_OWN_IMPORTS = {
+    "lab/cli.py": "each subcommand loads only what it needs, so `fusionlab --help` starts without torch",
+    "experiments/nb00_ttft.py": "only the child process that times a cold start loads the engine",
+}
+"""Files allowed to import our own modules inside a function, and why. Anywhere else the import goes at the top."""
+
+
+def imports_inside_functions(path: Path) -> list[str]:
+    """`func: from .x import y` for each import of a fusionlab module inside a function body of `path`."""
+    found = []
+    for fn in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                own = (isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("fusionlab"))
+                       or isinstance(node, ast.Import) and any(a.name.startswith("fusionlab") for a in node.names))
+                if own:
+                    found.append(f"{fn.name}: line {node.lineno}")
+    return found
+
+
+@pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_own_modules_are_imported_at_the_top(path):
+    """An import inside a function hides a dependency from a reader (and once hid circles); only stated reasons."""
+    if str(path.relative_to(PACKAGE)) in LAZY_OWN_IMPORTS or path.stem in FACADES:
+        return
+    assert imports_inside_functions(path) == [], f"{path.relative_to(PACKAGE)}: move these imports to the top"
+
+
+def test_the_lazy_import_checker_catches_one(tmp_path):
+    (tmp_path / "m.py").write_text("import os\n\ndef f():\n    if os:\n        from .engine import fuse\n")
+    assert imports_inside_functions(tmp_path / "m.py") == ["f: line 5"]

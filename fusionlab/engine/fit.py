@@ -27,6 +27,8 @@ from .lm import LM
 from .projector import LstsqProjector
 from .determinism import fixed_threads
 from .token_align import align_tokens, identity_alignment
+from . import checks
+from .token_align import STRATEGIES
 
 
 def calibration_paragraphs(folder: Path | None = None) -> list[str]:
@@ -71,9 +73,6 @@ def fit_lstsq(master: LM, slave: LM, layer_map: LayerMap | str | None = None, te
     layer map, texts, settings, torch and transformers versions) is saved once under cache_dir()/projectors and
     reloaded, equal to the bit, instead of recomputed. None (default): cache fits on the calibration text (texts=None,
     the expensive case every notebook repeats); True / False: always / never."""
-    from . import checks
-    from .token_align import STRATEGIES
-
     for role, x in (("master", master), ("slave", slave)):
         if not isinstance(x, LM):
             raise FusionLabError(f"fit_lstsq needs two fl.LM (from fl.load); the {role} is a {type(x).__name__}.")

@@ -23,6 +23,7 @@ from .placement import Row, SequenceState, live_step, pad_positions, place_slots
 from .sampling import cut_at_stop, eos_ids, hit_stop, next_token, sampling_configs
 from .slot_buffer import PAD_POSITION
 from .slave import ResolvedSlave, Slave
+from .preflight import check_alignment
 
 TIMINGS = ("prefix", "live")
 
@@ -48,8 +49,6 @@ class FusedModel:
         self.master, self.timing = master, timing
         self.slaves: list[ResolvedSlave] = [s.resolve(master) for s in slaves]
         if strict:
-            from .preflight import check_alignment
-
             for s in self.slaves:
                 check_alignment(master, s.lm).raise_if_incompatible()
         if timing == "live" and not all(s.same_tokenizer for s in self.slaves):

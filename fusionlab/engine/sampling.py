@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from ..errors import FusionLabError
+from . import checks
 
 
 @dataclass
@@ -18,8 +19,6 @@ class SamplingConfig:
     generator: torch.Generator | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        from . import checks
-
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) or \
                 not self.temperature > 0 or self.temperature != self.temperature or self.temperature == float("inf"):
             raise FusionLabError(f"temperature must be a finite number > 0, got {self.temperature!r} (use "

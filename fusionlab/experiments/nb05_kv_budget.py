@@ -13,6 +13,9 @@ from typing import Any
 import pandas as pd
 
 from ..analysis import kv
+from ..engine.fit import fit_lstsq
+from ..engine.fuse import fuse
+from ..engine.slave import Slave
 
 
 GEMMA2_27B = {"num_hidden_layers": 46, "num_attention_heads": 32, "num_key_value_heads": 16, "head_dim": 128,
@@ -101,10 +104,6 @@ def factorizations(target_bytes: float, seq_len: int, bytes_per: int = 2) -> int
 
 def fused_setup(master: Any, slaves: list[Any], prompt: str) -> pd.DataFrame:
     """Budget of master + slaves (lstsq, mean alignment, proportional maps) vs the slot bytes fl.fuse placed."""
-    from ..engine.fit import fit_lstsq
-    from ..engine.fuse import fuse
-    from ..engine.slave import Slave
-
     projs = [fit_lstsq(master, s) for s in slaves]
     with fuse(master, [Slave(s, layer_map=p.layer_map, projector=p, align="mean")
                        for s, p in zip(slaves, projs)]) as f:

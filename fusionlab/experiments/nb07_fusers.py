@@ -27,6 +27,7 @@ from ..training.train import TrainConfig, train_fuser
 from ..errors import FusionLabError
 from ..paths import cache_dir, data_dir
 from . import nb07_corpora as corpora
+from ..engine.kv_capture import capture_kv
 
 VARIANTS = ("slave", "shuffled", "noise", "constant")
 
@@ -188,8 +189,6 @@ def paired_gain(nll: pd.DataFrame, baseline: str) -> pd.DataFrame:
 def edit_size(fuser: LearnedFuser, master: LM, slave: LM, chunks: list[TrainChunk]) -> pd.DataFrame:
     """Where the master listens: per layer, the learned gate (concat) and the RMS of the fuser's output relative to
     the master's own keys / values at those positions (blend: how much the residual edits)."""
-    from ..engine.kv_capture import capture_kv
-
     rows = []
     with fuse(master, [Slave(slave, layer_map=fuser.layer_map, projector=fuser, mode=fuser.config.mode,
                              align="mean")]) as fused:

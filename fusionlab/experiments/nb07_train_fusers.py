@@ -8,12 +8,11 @@ import time
 
 from . import nb07_corpora as corpora
 from . import nb07_fusers as fz
+from ..engine.fit import fit_lstsq
+from ..models.zoo import load
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..engine.fit import fit_lstsq
-    from ..models.zoo import load
-
     ap = argparse.ArgumentParser(prog="python -m fusionlab.experiments.nb07_train_fusers")
     ap.add_argument("--size", default="full", choices=["quick", "default", "full"])
     ap.add_argument("--slaves", nargs="*", default=None)

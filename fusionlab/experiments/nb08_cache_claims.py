@@ -23,6 +23,7 @@ from ..engine.lm import LM
 from .claim import Claim
 from .nb05_kv_budget import QWEN3_NEXT_80B, weights_gb
 from .nb08_arithmetic_claims import state_over_length
+from .nb02_niah import build_context, prompt_for, score
 
 NB = "08_remaining_claims"
 
@@ -154,8 +155,6 @@ def measure_window_niah(lm: LM, needles: list[Any], haystack: str, lengths: list
                         max_new_tokens: int = 12) -> list[dict[str, Any]]:
     """NIAH on a model with sliding layers: each cell answered with its global layers intact and limited to the
     window; `beyond` says whether the needle lies farther than the window from the prompt's end."""
-    from .nb02_niah import build_context, prompt_for, score
-
     w = int(lm.model.config.sliding_window)
     rows = []
     for needle in needles:

@@ -23,6 +23,7 @@ from ..engine.lm import LM
 from ..engine.slave import Slave
 from ..paths import cache_dir
 from .claim import Claim
+from ..models.zoo import load
 
 NB = "08_remaining_claims"
 
@@ -76,7 +77,6 @@ def measure_accelerate(name: str, prompt: str) -> dict[str, Any]:
     as device_map offloading does): max |Δlogit| of each against the plain run."""
     from accelerate import cpu_offload
 
-    from ..models.zoo import load
 
     master, slave, h_master, h_slave = (load(name) for _ in range(4))
     for lm in (h_master, h_slave):

@@ -25,6 +25,7 @@ from ..analysis.stats import bootstrap_ci, mcnemar
 from ..engine.lm import LM
 from ..engine.token_align import align_tokens, offsets
 from ..paths import asset
+from .nb04_humaneval import problems
 
 ZH_SEED = 39
 """humaneval.subset(40, seed=39) is the set we translated."""
@@ -38,8 +39,6 @@ def zh_problems(n: int | None = None) -> list[dict[str, Any]]:
 
 
 def english_of(zh: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    from .nb04_humaneval import problems
-
     by_id = {p["task_id"]: p for p in problems()}
     return [by_id[p["task_id"]] for p in zh]
 

@@ -10,6 +10,7 @@ from typing import Any
 from ..cells import read_tally
 from ..errors import FusionLabError
 from ..paths import notebooks_dir, repo_root
+from .results import record_lab_time
 
 
 def notebook_paths(folder: Path | None = None) -> list[Path]:
@@ -61,8 +62,6 @@ def execute(path: Path, out_dir: Path | None = None, timeout: int | None = 3600,
 def run_all(full: bool = False, quick: bool = False, only: list[str] | None = None) -> list[tuple[str, float]]:
     """Every notebook in order (or those whose name starts with one of `only`, e.g. ['04', '07']); each one's wall
     time is recorded for the README (QUICK runs are not)."""
-    from .results import record_lab_time
-
     env = {"FUSIONLAB_FULL": "1" if full else "0", "FUSIONLAB_QUICK": "1" if quick else "0"}
     size = "quick" if quick else ("full" if full else "default")
     times = []

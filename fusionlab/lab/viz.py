@@ -12,6 +12,7 @@ import matplotlib
 from .._version import __version__
 from ..paths import clone_root, figures_dir
 from ..runsize import run_size
+from ..runsize import SIZES
 
 FORMATS = ("pdf", "svg", "png")
 
@@ -39,8 +40,6 @@ def git_revision() -> str | None:
 
 def target_folder(name: str, size: str) -> Path:
     """figures/ unless a larger run's `name` is there (then figures/<size>/); QUICK always figures/quick/."""
-    from ..runsize import SIZES
-
     top = figures_dir()
     if size == "quick":
         return top / "quick"
