@@ -21,14 +21,13 @@ from tqdm.auto import tqdm
 
 from ..errors import FusionLabError
 from ..paths import asset, cache_dir
+from . import checks
+from .determinism import fixed_threads
 from .kv_capture import capture_kv
 from .layermap import LayerMap
 from .lm import LM
 from .projector import LstsqProjector
-from .determinism import fixed_threads
-from .token_align import align_tokens, identity_alignment
-from . import checks
-from .token_align import STRATEGIES
+from .token_align import STRATEGIES, align_tokens, identity_alignment
 
 
 def calibration_paragraphs(folder: Path | None = None) -> list[str]:

@@ -20,10 +20,10 @@ from .arch import attn_module
 from .lm import LM
 from .batch_inputs import check_lengths, left_padded, pad_id, rows_of
 from .placement import Row, SequenceState, live_step, pad_positions, place_slots
+from .preflight import check_alignment
 from .sampling import cut_at_stop, eos_ids, hit_stop, next_token, sampling_configs
 from .slot_buffer import PAD_POSITION
 from .slave import ResolvedSlave, Slave
-from .preflight import check_alignment
 
 TIMINGS = ("prefix", "live")
 

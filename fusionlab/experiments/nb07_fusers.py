@@ -19,6 +19,7 @@ import torch
 from ..analysis.stats import bootstrap_ci
 from ..engine.fuse import fuse
 from ..training.fuser import FuserConfig, LearnedFuser, match_table
+from ..engine.kv_capture import capture_kv
 from ..engine.lm import LM
 from ..engine.projector import LstsqProjector
 from ..engine.slave import Slave
@@ -27,7 +28,6 @@ from ..training.train import TrainConfig, train_fuser
 from ..errors import FusionLabError
 from ..paths import cache_dir, data_dir
 from . import nb07_corpora as corpora
-from ..engine.kv_capture import capture_kv
 
 VARIANTS = ("slave", "shuffled", "noise", "constant")
 

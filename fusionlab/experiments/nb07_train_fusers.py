@@ -6,10 +6,10 @@ from __future__ import annotations
 import argparse
 import time
 
-from . import nb07_corpora as corpora
-from . import nb07_fusers as fz
 from ..engine.fit import fit_lstsq
 from ..models.zoo import load
+from . import nb07_corpora as corpora
+from . import nb07_fusers as fz
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,9 +21,9 @@ from ..analysis.attention_edits import causal_band, edit_attention, fake_quantiz
 from ..analysis.stats import bootstrap_ci, interval, mcnemar, wilson
 from ..engine.lm import LM
 from .claim import Claim
+from .nb02_niah import build_context, prompt_for, score
 from .nb05_kv_budget import QWEN3_NEXT_80B, weights_gb
 from .nb08_arithmetic_claims import state_over_length
-from .nb02_niah import build_context, prompt_for, score
 
 NB = "08_remaining_claims"
 

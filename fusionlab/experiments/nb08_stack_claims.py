@@ -21,9 +21,9 @@ from ..engine.arch import attn_module, decoder_layers
 from ..engine.fuse import fuse
 from ..engine.lm import LM
 from ..engine.slave import Slave
+from ..models.zoo import load
 from ..paths import cache_dir
 from .claim import Claim
-from ..models.zoo import load
 
 NB = "08_remaining_claims"
 
@@ -76,7 +76,6 @@ def measure_accelerate(name: str, prompt: str) -> dict[str, Any]:
     master under accelerate's cpu_offload (weights kept off the modules and brought in by hooks around every forward,
     as device_map offloading does): max |Δlogit| of each against the plain run."""
     from accelerate import cpu_offload
-
 
     master, slave, h_master, h_slave = (load(name) for _ in range(4))
     for lm in (h_master, h_slave):

@@ -11,8 +11,7 @@ import matplotlib
 
 from .._version import __version__
 from ..paths import clone_root, figures_dir
-from ..runsize import run_size
-from ..runsize import SIZES
+from ..runsize import SIZES, run_size
 
 FORMATS = ("pdf", "svg", "png")
 
