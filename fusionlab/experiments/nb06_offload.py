@@ -113,15 +113,15 @@ READS = ("nothing", "itself", "document", "decoy")
 
 @dataclass
 class Setting:
-    """A way to answer. reads: 'nothing' (floor), 'itself' (skyline: the master reads the document), 'document'
-    (offload), 'decoy' (the shuffled control)."""
+    """A way to answer. reads: 'nothing' (floor), 'itself' (skyline: the built model's own master reads the document;
+    for a slave's ceiling that model is the slave alone), 'document' (offload), 'decoy' (the shuffled control)."""
 
     name: str
     key: str
     build: Callable[[], FusedModel]
     reads: str
     role: str = "offload"
-    """'floor' | 'skyline' | 'self' | 'cross' | 'bus' | 'control' (for the analyses)."""
+    """'floor' | 'skyline' | 'ceiling' | 'self' | 'cross' | 'bus' | 'control' (for the analyses)."""
     control_of: str | None = None
     slaves: list[str] = field(default_factory=list)
 
@@ -147,9 +147,12 @@ def answers(fused: FusedModel, items: list[Item], reads: str, max_new_tokens: in
 
 
 def settings(master: LM, slaves: dict[str, tuple[LM, LstsqProjector]], kvcomm: dict[str, LayerMap] | None = None,
-             naive: list[str] | tuple[str, ...] = (), bus: bool = True, self_copy: bool = True) -> list[Setting]:
+             naive: list[str] | tuple[str, ...] = (), bus: bool = True, self_copy: bool = True,
+             ceilings: bool = False, layer_maps: dict[str, LayerMap] | None = None) -> list[Setting]:
     """floor, skyline, self-offload (+ its control), each slave re-rotated (+ control, + naive keys, + KVComm's
-    layers), and the bus of all slaves (+ control)."""
+    layers), and the bus of all slaves (+ control). `ceilings`: each slave alone reading document + question (what it
+    knew, the most a transfer of its memory can carry; a null is evidence only where the ceiling beats the floor).
+    `layer_maps`: the map of a slave whose projector has none (identity; a pruned sibling's map home)."""
     fp = master.fingerprint[:12]
     none = lambda: fuse(master, [])  # noqa: E731
     out = [Setting("floor (no document)", f"floor|{fp}", none, "nothing", "floor"),
@@ -160,12 +163,16 @@ def settings(master: LM, slaves: dict[str, tuple[LM, LstsqProjector]], kvcomm: d
                 Setting("self-offload, shuffled doc", f"self|{fp}", mk, "decoy", "control", "self-offload")]
 
     def slave(label: str, rope: str = "master", lmap: LayerMap | None = None) -> Slave:
-        lm, proj = slaves[label]
-        return Slave(lm, layer_map=lmap or proj.layer_map, projector=proj, align="mean", rope=rope)
+        lm, proj = slaves[label]  # a fitted projector carries its layer map; an identity one takes `layer_maps`
+        home = lmap or getattr(proj, "layer_map", None) or (layer_maps or {}).get(label)
+        return Slave(lm, layer_map=home, projector=proj, align="mean", rope=rope)
 
     for label, (lm, proj) in slaves.items():
         key = f"{fp}|{lm.fingerprint[:12]}|{proj.kind}|{proj.fingerprint()[:12]}"
         mk = lambda label=label: fuse(master, [slave(label)])  # noqa: E731
+        if ceilings:
+            out.append(Setting(f"{label} alone (reads it)", f"ceiling|{lm.fingerprint[:12]}",
+                               lambda lm=lm: fuse(lm, []), "itself", "ceiling", slaves=[label]))
         out += [Setting(f"+{label}", key, mk, "document", "cross", slaves=[label]),
                 Setting(f"+{label}, shuffled doc", key, mk, "decoy", "control", f"+{label}", [label])]
         if label in naive:

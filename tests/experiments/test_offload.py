@@ -8,6 +8,8 @@ import pytest
 
 import fusionlab as fl
 from fusionlab.experiments import nb02_niah as niah, nb06_offload as off, nb06_offload_stats as st, nb06_claims as claims
+from fusionlab.engine.projector import IdentityProjector
+from fusionlab.models.siblings import sibling, sibling_layer_map
 from fusionlab.paths import asset
 
 HAY = " ".join(f"Sentence number {i} talks about rivers, harbours and old maps of the town." for i in range(400))
@@ -57,6 +59,23 @@ def test_tiny_grid_self_offload_answers_as_the_skyline_and_resumes(tiny, hays, t
     acc, tr, ctrl = st.accuracy(df), st.transfer(df), st.versus_control(df)
     assert set(ctrl["setting"]) == {"self-offload", "+llama"} and (tr["n"] == 2).all()
     assert acc["n"].eq(2).all()
+
+
+def test_ceilings_and_an_exact_sibling_anchor_the_ladder(tiny, hays, tmp_path):
+    """A slave's ceiling is the slave alone reading document + question; for the zero-noise sibling it answers as
+    the skyline, and so does its offload through the identity projector (the ladder's first rung is exact)."""
+    m = tiny("tiny-qwen2")
+    copy, pruned = sibling(m, "noise:0"), sibling(m, "prune:2")
+    items = off.build_items(m, ["en-city", "en-number"], [], [300], [50], hays)
+    grid = off.settings(m, {"copy": (copy, IdentityProjector()), "pruned": (pruned, IdentityProjector())},
+                        bus=False, self_copy=False, ceilings=True,
+                        layer_maps={"pruned": sibling_layer_map(m, pruned)})
+    df = off.run(items, grid, max_new_tokens=6, cache=tmp_path / "c.jsonl")
+    answer = lambda setting: df[df["setting"] == setting].set_index("item")["answer"]  # noqa: E731
+    sky = answer("skyline (master reads it)")
+    assert answer("copy alone (reads it)").equals(sky) and answer("+copy").equals(sky)
+    assert set(df[df["role"] == "ceiling"]["setting"]) == {"copy alone (reads it)", "pruned alone (reads it)"}
+    assert not answer("pruned alone (reads it)").equals(sky)  # a real rung: the pruned model answers otherwise
 
 
 def frame(rows: dict[str, tuple[str, list[int]]], lengths: list[int] | None = None) -> pd.DataFrame:
