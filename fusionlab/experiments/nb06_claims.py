@@ -75,3 +75,53 @@ def length_claim(acc_by_length: pd.DataFrame, threshold: float = 0.5) -> Claim:
                  n=f"lengths {sorted(acc_by_length['length'].unique().tolist())}",
                  setup="context offload: the document lives in the slave's K/V only", verdict=verdict, claim_id="C06",
                  notebook=NB)
+
+
+# --- the transfer map (issue: from an exact copy to a foreign family) ----------------------------------------
+RUNG_VERDICTS = ("transfers", "does not transfer", "inconclusive", "no gap to transfer", "the slave never knew")
+NULL_BOUND = 0.25
+"""A rung 'does not transfer' only when its transfer CI lies wholly below this share of the floor-to-skyline gap."""
+
+
+def rung_verdict(rung: dict) -> str:
+    """One slave on the ladder, from its accuracies (floor, skyline, ceiling: the slave alone reading it), its
+    transfer-rate CI (lo, hi) and its paired test against the different-document control (p_value, acc_setting,
+    acc_control). The order of the rules is the argument:
+      no gap to transfer    fewer than MIN_ITEMS items, or the skyline no better than the floor (an all-zero grid)
+      the slave never knew  its own ceiling no better than the floor: a null then says nothing about the channel
+      transfers             transfer CI above 0 and more correct than the control, McNemar p < 0.05
+      does not transfer     transfer CI below NULL_BOUND
+      inconclusive          otherwise."""
+    if rung["n"] < MIN_ITEMS or not rung["skyline"] > rung["floor"]:
+        return "no gap to transfer"
+    if not rung["ceiling"] > rung["floor"]:
+        return "the slave never knew"
+    if rung["lo"] > 0 and rung["p_value"] < 0.05 and rung["acc_setting"] > rung["acc_control"]:
+        return "transfers"
+    if rung["hi"] < NULL_BOUND:
+        return "does not transfer"
+    return "inconclusive"
+
+
+def ladder_verdict(rungs: list[dict]) -> dict:
+    """The ladder in order of divergence from the master (first: the exact copy, the positive control). Where
+    transfer breaks counts only if the exact copy transfers; a rung whose null is 'never knew' or 'no gap' is
+    skipped, not counted as a break. Returns the per-rung verdicts, the last rung that transfers before the first
+    that does not, and one sentence."""
+    verdicts = [(r["slave"], rung_verdict(r)) for r in rungs]
+    if not verdicts or verdicts[0][1] != "transfers":
+        why = verdicts[0][1] if verdicts else "no rungs"
+        return {"rungs": verdicts, "last": None, "break": None,
+                "verdict": f"not evidence: the exact copy (positive control) gives '{why}'"}
+    last, brk = verdicts[0][0], None
+    for slave, v in verdicts[1:]:
+        if v == "transfers" and brk is None:
+            last = slave
+        elif v == "does not transfer" and brk is None:
+            brk = slave
+    if brk is None:
+        open_ = [s for s, v in verdicts if v not in ("transfers", "does not transfer")]
+        text = "transfers on every measured rung" + (f" (not judged: {', '.join(open_)})" if open_ else "")
+    else:
+        text = f"transfer holds through {last} and breaks at {brk}"
+    return {"rungs": verdicts, "last": last, "break": brk, "verdict": text}
