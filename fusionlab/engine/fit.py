@@ -26,7 +26,7 @@ from .determinism import fixed_threads
 from .kv_capture import capture_kv
 from .layermap import LayerMap
 from .lm import LM
-from .projector import LstsqProjector
+from .projector import IdentityProjector, LstsqProjector
 from .token_align import STRATEGIES, align_tokens, identity_alignment
 
 
@@ -160,10 +160,7 @@ def identity_r2(master: LM, slave: LM, texts: list[str], lmap: LayerMap,
                 align: str = "mean") -> dict[str, dict[str, float]]:
     """R² of the slave's own pre-RoPE keys and values as predictions of the master's, with no projection: 1 for an
     exact copy, lower as a sibling drifts (geometries must match)."""
-    if (master.spec.kv_heads, master.spec.head_dim) != (slave.spec.kv_heads, slave.spec.head_dim):
-        raise FusionLabError(f"identity_r2 compares K/V element by element, so the geometries must match: master "
-                             f"{master.name} has {master.spec.kv_heads}x{master.spec.head_dim}, slave {slave.name} "
-                             f"{slave.spec.kv_heads}x{slave.spec.head_dim}; use fit_lstsq(...).meta['r2'] instead.")
+    IdentityProjector().prepare(master, slave, lmap)  # the one same-geometry rule, with its error and fix
     return _r2(lambda kind, i, x: x, master, slave, texts, lmap, align)
 
 

@@ -26,7 +26,7 @@ def measure_divergence(master: LM, recipes: list[str] | tuple[str, ...], texts: 
     for recipe in recipes:
         sib = sibling(master, recipe)
         rows.append({"recipe": recipe, **divergence(master, sib, texts, sibling_layer_map(master, sib), lstsq).row()})
-        del sib
+        del sib  # one sibling in memory at a time: the next deepcopy would otherwise sit beside this one
     return pd.DataFrame(rows)
 
 
