@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from fusionlab.experiments import nb06_offload as off, nb06_transfer_map as tm
-from fusionlab.experiments.nb06_claims import MIN_ITEMS, ladder_verdict, rung_verdict
+from fusionlab.experiments import nb06_offload as off, nb10_transfer_map as tm
+from fusionlab.experiments.nb06_claims import MIN_ITEMS
+from fusionlab.experiments.nb10_claims import ladder_verdict, rung_verdict
 
 
 def rung(slave="s", n=40, floor=0.1, skyline=0.9, ceiling=0.8, lo=0.5, hi=0.9, p=0.001, acc=0.7, ctrl=0.1) -> dict:
@@ -58,7 +59,8 @@ def test_the_ladder_harness_on_a_tiny_master(tiny, tmp_path):
     """Divergence grows along the noise rungs from an exact zero; the exact rung's offload answers as the skyline."""
     m = tiny("tiny-qwen2")
     texts = ["Rivers, harbours and old maps of the town.", "Numbers 12 and 345, and a code QX-7."]
-    div = tm.measure_divergence(m, ["noise:0", "noise:0.03", "prune:2"], texts, lstsq=False).set_index("recipe")
+    div = tm.measure_divergence(m, ["noise:0", "noise:0.03", "prune:2"], texts, lstsq=False,
+                                cache=tmp_path / "div.jsonl").set_index("recipe")
     assert div.loc["noise:0", "kl"] == pytest.approx(0, abs=1e-6) and div.loc["noise:0", "k_identity"] == 1
     assert div.loc["noise:0.03", "kl"] > 0 and div.loc["prune:2", "kl"] > div.loc["noise:0.03", "kl"]
     hay = " ".join(f"Sentence number {i} talks about rivers, harbours and old maps of the town." for i in range(400))

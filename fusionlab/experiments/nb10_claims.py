@@ -1,0 +1,139 @@
+"""Notebook 10's verdict rules: where along the ladder (exact copy -> siblings -> foreign families) a slave's K/V
+stops reaching the master. Judged per rung (accuracy or NLL transfer), then along the ladder, then as ledger rows
+X03 (quantisation) and X04 (any rung beyond the copy). Rules tested on hand-made rungs, degenerate ones included.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import pandas as pd
+
+from ..analysis.stats import interval
+from .claim import Claim
+from .nb06_claims import MIN_ITEMS
+
+NB = "10_transfer_map"
+RUNG_VERDICTS = ("transfers", "does not transfer", "inconclusive", "no gap to transfer", "the slave never knew")
+NULL_BOUND = 0.25
+"""A rung 'does not transfer' only when its transfer CI lies wholly below this share of the floor-to-skyline gap."""
+MIN_DOCS = 10
+"""Fewer documents than this and a bootstrap over documents says little: no NLL verdict then."""
+
+
+def rung_verdict(rung: dict) -> str:
+    """One slave on the ladder, from its accuracies (floor, skyline, ceiling: the slave alone reading it), its
+    transfer-rate CI (lo, hi) and its paired test against the different-document control (p_value, acc_setting,
+    acc_control). The order of the rules is the argument:
+      no gap to transfer    fewer than MIN_ITEMS items, or the skyline no better than the floor (an all-zero grid)
+      the slave never knew  its own ceiling no better than the floor: a null then says nothing about the channel
+      transfers             transfer CI above 0 and more correct than the control, McNemar p < 0.05
+      does not transfer     transfer CI below NULL_BOUND
+      inconclusive          otherwise."""
+    if rung["n"] < MIN_ITEMS or not rung["skyline"] > rung["floor"]:
+        return "no gap to transfer"
+    if not rung["ceiling"] > rung["floor"]:
+        return "the slave never knew"
+    if rung["lo"] > 0 and rung["p_value"] < 0.05 and rung["acc_setting"] > rung["acc_control"]:
+        return "transfers"
+    if rung["hi"] < NULL_BOUND:
+        return "does not transfer"
+    return "inconclusive"
+
+
+def nll_rung_verdict(rung: dict) -> str:
+    """One slave from `nb10_nll_transfer.transfer`'s row: n documents, the master's gap CI (gap_low), the slave's own
+    gap CI (ceiling_gap_low; NaN or absent when not measured), the transfer CI (lo, hi) and the advantage over the
+    different-document control (vs_control_low, nats/token):
+      no gap to transfer    fewer than MIN_DOCS documents, or reading A does not lower the master's loss on B
+      the slave never knew  reading A does not lower the slave's own loss on B (its CI reaches 0)
+      transfers             transfer CI above 0 and the offload beats the control (its CI above 0)
+      does not transfer     transfer CI below NULL_BOUND, and the slave's ceiling was measured
+      inconclusive          otherwise (a null without a ceiling is one)."""
+    if rung["n"] < MIN_DOCS or not rung["gap_low"] > 0:
+        return "no gap to transfer"
+    ceiling = rung.get("ceiling_gap_low", float("nan"))
+    measured = ceiling is not None and not math.isnan(ceiling)
+    if measured and not ceiling > 0:
+        return "the slave never knew"
+    if rung["lo"] > 0 and rung.get("vs_control_low", float("nan")) > 0:
+        return "transfers"
+    if measured and rung["hi"] < NULL_BOUND:
+        return "does not transfer"
+    return "inconclusive"
+
+
+def ladder_verdict(rungs: list[dict], judge: Callable[[dict], str] = rung_verdict) -> dict:
+    """The ladder in order of divergence from the master (first: the exact copy, the positive control). Where
+    transfer breaks counts only if the exact copy transfers; a rung whose null is 'never knew' or 'no gap' is
+    skipped, not counted as a break. Returns the per-rung verdicts, the last rung that transfers before the first
+    that does not, and one sentence."""
+    verdicts = [(r["slave"], judge(r)) for r in rungs]
+    if not verdicts or verdicts[0][1] != "transfers":
+        why = verdicts[0][1] if verdicts else "no rungs"
+        return {"rungs": verdicts, "last": None, "break": None,
+                "verdict": f"not evidence: the exact copy (positive control) gives '{why}'"}
+    last, brk = verdicts[0][0], None
+    for slave, v in verdicts[1:]:
+        if v == "transfers" and brk is None:
+            last = slave
+        elif v == "does not transfer" and brk is None:
+            brk = slave
+    if brk is None:
+        open_ = [s for s, v in verdicts if v not in ("transfers", "does not transfer")]
+        text = "transfers on every measured rung" + (f" (not judged: {', '.join(open_)})" if open_ else "")
+    else:
+        text = f"transfer holds through {last} and breaks at {brk}"
+    return {"rungs": verdicts, "last": last, "break": brk, "verdict": text}
+
+
+# --- ledger rows -----------------------------------------------------------------------------------------------
+SETUP = ("NLL transfer: the slave reads part A of a document, the Qwen 0.5B master predicts part B; identity "
+         "projector for siblings, lstsq for foreign slaves; control = part A of a different document")
+
+
+def _rung_text(r: dict, verdict: str) -> str:
+    return f"{r['slave']} {r['transfer']:.2f} {interval(r['lo'], r['hi'], '.2f')} ({verdict})"
+
+
+def _ladder(table: pd.DataFrame) -> tuple[list[dict], dict]:
+    rungs = table.to_dict("records")
+    return rungs, ladder_verdict(rungs, nll_rung_verdict)
+
+
+def quantisation_claim(table: pd.DataFrame) -> Claim:
+    """X03, from the ladder table (one row per slave, nearest first, `slave` naming the recipe). Supported iff the
+    exact copy and every quantised rung transfer; not supported iff the copy transfers and some quantised rung does
+    not; inconclusive otherwise (no quantised rung, or any rung the rules cannot judge)."""
+    rungs, lad = _ladder(table)
+    got = dict(lad["rungs"])
+    quant = [r for r in rungs if str(r["slave"]).startswith(("int8", "int4"))]
+    copy_ok = bool(lad["rungs"]) and lad["rungs"][0][1] == "transfers"
+    vs = [got[r["slave"]] for r in quant]
+    verdict = ("supported" if copy_ok and vs and all(v == "transfers" for v in vs) else
+               "not supported" if copy_ok and "does not transfer" in vs else "inconclusive")
+    measured = "; ".join(_rung_text(r, got[r["slave"]]) for r in ([rungs[0]] if rungs else []) + quant)
+    return Claim(claim="training-free KV transfer survives quantising the slave (int8 per channel, int4 per group)",
+                 seed_section="transfer map (FusionLab)", seed_value="-",
+                 measured=(measured or "no quantised rung") + " (share of the floor-to-skyline NLL gap closed)",
+                 n=f"n={int(table['n'].min()) if len(table) else 0} documents per rung",
+                 setup=SETUP, verdict=verdict, claim_id="X03", notebook=NB)
+
+
+def ladder_claim(table: pd.DataFrame) -> Claim:
+    """X04: supported iff the exact copy transfers and some rung beyond it transfers; not supported iff the copy
+    transfers and every rung beyond it 'does not transfer'; inconclusive otherwise (incl. a failed positive
+    control, which makes the ladder no evidence at all)."""
+    rungs, lad = _ladder(table)
+    rest = [v for _, v in lad["rungs"][1:]]
+    copy_ok = bool(lad["rungs"]) and lad["rungs"][0][1] == "transfers"
+    verdict = ("supported" if copy_ok and "transfers" in rest else
+               "not supported" if copy_ok and rest and all(v == "does not transfer" for v in rest) else
+               "inconclusive")
+    got = dict(lad["rungs"])
+    return Claim(claim="training-free KV transfer reaches the master from a slave that is not an exact copy",
+                 seed_section="transfer map (FusionLab); KVComm / DroidSpeak: same family only",
+                 seed_value="-", measured=f"{lad['verdict']}: " + "; ".join(_rung_text(r, got[r['slave']])
+                                                                            for r in rungs),
+                 n=f"n={int(table['n'].min()) if len(table) else 0} documents per rung, {len(rungs)} rungs",
+                 setup=SETUP, verdict=verdict, claim_id="X04", notebook=NB)

@@ -1,0 +1,171 @@
+"""NLL transfer (notebook 10), the transfer map's high-power measure: a forward pass per document, not a generation.
+
+A slave reads part A of a document; the master predicts part B, which it reads itself.
+
+    floor     the master predicts B alone              skyline   the master reads A, then predicts B
+    offload   the slave reads A (its slots at A's master positions), the master reads and predicts B
+    control   the slave reads part A of a *different document* of the same domain (a derangement of documents,
+              never a neighbouring window of the same file: that window would share B's topic and names)
+    ceiling   the slave alone: its own loss on B without A and after A (did reading A help the slave itself?)
+
+transfer = (floor - offload) / (floor - skyline) of the mean NLL on B, with a paired bootstrap over documents: one
+(A, B) pair per document, so resampling pairs resamples documents. The scored tokens are B's tokens after its first,
+in every setting (the floor has nothing before B's first token).
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from ..analysis.stats import bootstrap_ci
+from ..cells import Cell, CellCache, cell_key, run_cells
+from ..engine.fuse import FusedModel
+from ..errors import FusionLabError
+from ..paths import cache_dir
+from ..training.chunks import derangement
+from .nb06_offload import Setting
+from .nb06_offload_stats import transfer_rate
+from .nb07_corpora import DOMAINS, Doc
+
+
+@dataclass(frozen=True)
+class Pair:
+    """Part A and part B of one document, and the part A of another document (the control reads it)."""
+
+    doc: str
+    domain: str
+    part_a: str
+    part_b: str
+    other_doc: str
+    other_a: str
+
+
+def split_ab(tokenizer: Any, text: str, a_tokens: int, b_tokens: int) -> tuple[str, str] | None:
+    """The document's first `a_tokens` + `b_tokens` master tokens as two texts (cut at token offsets), or None
+    when the document is shorter."""
+    offs = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    if len(offs) < a_tokens + b_tokens:
+        return None
+    cut, end = offs[a_tokens][0], offs[a_tokens + b_tokens - 1][1]
+    return text[:cut], text[cut:end]
+
+
+def pairs(tokenizer: Any, docs: list[Doc], a_tokens: int, b_tokens: int, per_domain: int | None = None,
+          seed: int = 0) -> list[Pair]:
+    """One pair per long-enough document, at most `per_domain` per domain; each control A comes from another
+    document of the same domain. A domain with fewer than 2 usable documents has no control and is left out."""
+    out = []
+    for domain in DOMAINS:
+        usable = []
+        for d in (x for x in docs if x.domain == domain):
+            ab = split_ab(tokenizer, d.text, a_tokens, b_tokens)
+            if ab is not None:
+                usable.append((d.name, *ab))
+        usable = usable[:per_domain] if per_domain else usable
+        if len(usable) < 2:
+            continue
+        perm = derangement(len(usable), seed)
+        out += [Pair(name, domain, a, b, usable[perm[i]][0], usable[perm[i]][1])
+                for i, (name, a, b) in enumerate(usable)]
+    if not out:
+        raise FusionLabError(f"no domain has 2 documents of {a_tokens} + {b_tokens} tokens: lower a_tokens / "
+                             "b_tokens or add documents.")
+    return out
+
+
+def b_loss(logits: torch.Tensor, b_ids: torch.Tensor) -> float:
+    """Mean NLL of B's tokens after its first, from logits whose last positions are B's (logits (1, T, V),
+    b_ids (1, n))."""
+    n = b_ids.shape[1]
+    pred = logits[0, -n:-1].float()  # (n - 1, V): position t predicts token t + 1
+    return float(F.cross_entropy(pred, b_ids[0, 1:].to(pred.device)))
+
+
+def nll_of(fused: FusedModel, pair: Pair, reads: str) -> float:
+    """B's loss when the model reads `reads` ('nothing', 'itself', 'document', 'decoy'; see nb06_offload.READS)."""
+    lm = fused.master
+    b_ids = lm.encode(pair.part_b, special_tokens=False)  # (1, n): the tokens every setting scores
+    if reads == "nothing":  # the tokenizer's own start (a BOS where it adds one), then B
+        return b_loss(fused(torch.cat([lm.encode(""), b_ids], 1)), b_ids)
+    if reads == "itself":
+        return b_loss(fused(torch.cat([lm.encode(pair.part_a), b_ids], 1)), b_ids)
+    context = pair.part_a if reads == "document" else pair.other_a
+    return b_loss(fused(b_ids, context=context), b_ids)
+
+
+def default_cache() -> Path:
+    return cache_dir() / "nll_transfer.jsonl"
+
+
+def run(items: list[Pair], grid: list[Setting], cache: Path | None = None) -> pd.DataFrame:
+    """Every (setting, pair) cell, resumable; one row per cell with B's NLL and its cost. A ceiling cell also holds
+    the slave's own floor (`nll_alone`: B without A), so its own gap is paired by document."""
+    store = CellCache(cache or default_cache())
+    rows = []
+    for st in grid:
+        def compute(fused: FusedModel, c: Cell, st: Setting = st) -> dict[str, Any]:
+            t0 = time.perf_counter()
+            rec = {"nll": nll_of(fused, c.item, st.reads)}
+            if st.role == "ceiling":
+                rec["nll_alone"] = nll_of(fused, c.item, "nothing")
+            return {**rec, "seconds": round(time.perf_counter() - t0, 3)}
+
+        cells = []
+        for p in items:
+            read = {"nothing": "", "itself": p.part_a, "document": p.part_a, "decoy": p.other_a}[st.reads]
+            key = cell_key("nll", st.key, st.reads, p.doc, hashlib.sha256((read + "\x00" + p.part_b).encode())
+                           .hexdigest()[:16])
+            cells.append(Cell(key, {"setting": st.name, "doc": p.doc, "domain": p.domain}, p))
+        for rec in run_cells(store, cells, lambda st=st: closing(st.build()), compute, desc=st.name):
+            rows.append({**rec, "role": st.role, "control_of": st.control_of, "slaves": ",".join(st.slaves)})
+    return pd.DataFrame(rows).drop(columns=["key"])
+
+
+def _by_doc(df: pd.DataFrame, mask: pd.Series, column: str = "nll") -> pd.Series:
+    return df[mask].set_index("doc")[column]
+
+
+def transfer(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """One row per offload setting: its NLL transfer (paired bootstrap over documents), its advantage over its
+    different-document control (control NLL - offload NLL, nats/token, bootstrap CI), and, where the grid has the
+    slave's ceiling, the slave's own gap (its floor - its skyline) as a share of the master's."""
+    floor, sky = _by_doc(df, df["role"] == "floor"), _by_doc(df, df["role"] == "skyline")
+    rows = []
+    for setting, g in df[df["role"].isin(["self", "cross", "bus"])].groupby("setting", sort=False):
+        s = g.set_index("doc")["nll"]
+        docs = s.index.intersection(floor.index).intersection(sky.index)
+        f, k, v = floor[docs].to_numpy(), sky[docs].to_numpy(), s[docs].to_numpy()
+        row = {"setting": setting, "role": g["role"].iloc[0], "slaves": g["slaves"].iloc[0],
+               "floor": f.mean(), "skyline": k.mean(), "nll": v.mean(),
+               "gap": f.mean() - k.mean(), **dict(zip(("gap_low", "gap_high"), bootstrap_ci(f - k, seed=seed))),
+               **transfer_rate(v, f, k, n_boot, seed)}
+        ctrl = _by_doc(df, df["control_of"] == setting)
+        if len(ctrl):
+            both = docs.intersection(ctrl.index)
+            adv = ctrl[both].to_numpy() - s[both].to_numpy()
+            row |= {"control_nll": float(ctrl[both].mean()), "vs_control": float(adv.mean()),
+                    **dict(zip(("vs_control_low", "vs_control_high"), bootstrap_ci(adv, seed=seed)))}
+        ceil = df[(df["role"] == "ceiling") & (df["slaves"] == row["slaves"])]
+        if len(ceil) and len(row["slaves"].split(",")) == 1:
+            c = ceil.set_index("doc").reindex(docs)
+            own = (c["nll_alone"] - c["nll"]).to_numpy()
+            row |= {"ceiling_gap": float(own.mean()),
+                    **dict(zip(("ceiling_gap_low", "ceiling_gap_high"), bootstrap_ci(own, seed=seed))),
+                    "ceiling_share": float(own.mean() / row["gap"]) if row["gap"] else float("nan")}
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def domain_counts(df: pd.DataFrame) -> dict[str, int]:
+    """Documents per domain in the grid (the n behind every bootstrap)."""
+    fl = df[df["role"] == "floor"]
+    return {str(k): int(v) for k, v in fl.groupby("domain")["doc"].nunique().items()}
+

@@ -1,0 +1,154 @@
+"""The transfer map (notebook 10): siblings of the master from an exact copy outwards, then foreign families, each
+with its divergence from the master and the share of what it read that reaches the master.
+
+The rungs are recipes for `fusionlab.models.siblings`; foreign slaves come with their fitted `lstsq` projector.
+Each rung is built, measured and dropped before the next (one sibling in memory at a time: a Qwen 0.5B sibling is
+2 GB in fp32). The rules that judge each rung and where the ladder breaks are in `nb10_claims`.
+"""
+from __future__ import annotations
+
+import hashlib
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..analysis.divergence import divergence
+from ..cells import Cell, CellCache, cell_key, run_cells
+from ..engine.layermap import LayerMap
+from ..engine.lm import LM
+from ..engine.projector import IdentityProjector, LstsqProjector
+from ..errors import FusionLabError
+from ..models.siblings import sibling, sibling_layer_map
+from ..paths import cache_dir
+from . import nb06_offload as off
+from . import nb10_nll_transfer as nll
+from .nb10_claims import nll_rung_verdict
+
+LADDER = ("noise:0", "noise:0.003", "noise:0.01", "noise:0.03", "noise:0.1", "int8", "int4", "prune:4")
+"""Default rungs, nearest first: noise:0 is the exact copy (the positive control every null needs)."""
+
+
+@dataclass
+class Plan:
+    """What one run size measures (documents: one (A, B) pair each, at most `per_domain` per domain)."""
+
+    rungs: list[str]
+    foreign: list[str]
+    per_domain: int
+    a_tokens: int
+    b_tokens: int
+    divergence_texts: int
+    lstsq: bool = True
+    notes: list[str] = field(default_factory=list)
+
+
+def plan(size: str) -> Plan:
+    if size == "quick":
+        return Plan(["noise:0", "noise:0.1"], [], 3, 64, 32, 2, lstsq=False)
+    if size == "default":
+        return Plan(list(LADDER), ["smollm2-135m-instruct"], 10, 192, 64, 8)
+    if size == "full":
+        return Plan(list(LADDER), ["smollm2-135m-instruct", "gemma3-270m"], 60, 256, 128, 32)
+    raise FusionLabError(f"unknown run size {size!r}: use 'quick', 'default' or 'full'.")
+
+
+def measure_divergence(master: LM, recipes: list[str] | tuple[str, ...], texts: list[str], lstsq: bool = True,
+                       cache: Path | None = None) -> pd.DataFrame:
+    """One row per rung: next-token KL(master ‖ sibling) with its bootstrap-over-texts CI, layer-mean K/V R²
+    (cached per rung: a resumed notebook rebuilds no sibling it has measured)."""
+    def compute(_: Any, c: Cell) -> dict[str, Any]:
+        sib = sibling(master, c.item)  # one sibling in memory at a time: dropped when this returns
+        return divergence(master, sib, texts, sibling_layer_map(master, sib), lstsq).row()
+
+    digest = hashlib.sha256("\x00".join(texts).encode()).hexdigest()[:16]
+    cells = [Cell(cell_key("divergence", master.fingerprint[:12], r, digest, lstsq), {"recipe": r}, r)
+             for r in recipes]
+    store = CellCache(cache or cache_dir() / "divergence.jsonl")
+    recs = run_cells(store, cells, lambda: nullcontext(None), compute, desc="divergence")
+    return pd.DataFrame(recs).drop(columns=["key"])
+
+
+def foreign_divergence(label: str, proj: LstsqProjector) -> dict[str, Any]:
+    """A foreign slave's row: no next-token KL (another tokenizer), the fitted projector's held-out R² per layer."""
+    r2 = proj.meta.get("r2", {})
+    mean = lambda kind: float(np.mean([v[kind] for v in r2.values()])) if r2 else float("nan")  # noqa: E731
+    return {"recipe": label, "kl": float("nan"), "kl_low": float("nan"), "kl_high": float("nan"),
+            "k_identity": float("nan"), "v_identity": float("nan"), "k_lstsq": mean("k"), "v_lstsq": mean("v")}
+
+
+def rung_settings(master: LM, recipe: str, sib: LM) -> list[off.Setting]:
+    """Floor, skyline, the sibling through the identity projector (its layer map home), its ceiling and control."""
+    return off.settings(master, {recipe: (sib, IdentityProjector())}, bus=False, self_copy=False, ceilings=True,
+                        layer_maps={recipe: sibling_layer_map(master, sib)})
+
+
+def ladder_settings(master: LM, recipes: list[str] | tuple[str, ...]) -> tuple[list[off.Setting], dict[str, LM]]:
+    """Every rung's settings at once (small masters only: every sibling is held). Returns settings and siblings."""
+    sibs = {recipe: sibling(master, recipe) for recipe in recipes}
+    maps: dict[str, LayerMap] = {r: sibling_layer_map(master, s) for r, s in sibs.items()}
+    grid = off.settings(master, {r: (s, IdentityProjector()) for r, s in sibs.items()}, bus=False, self_copy=False,
+                        ceilings=True, layer_maps=maps)
+    return grid, sibs
+
+
+def nll_ladder(master: LM, recipes: list[str], foreign: dict[str, tuple[LM, LstsqProjector]], items: list[nll.Pair],
+               cache: Path | None = None) -> pd.DataFrame:
+    """NLL transfer cells for every rung (sibling recipes, then foreign slaves), one sibling built at a time."""
+    parts = []
+    for recipe in recipes:
+        sib = sibling(master, recipe)
+        parts.append(nll.run(items, rung_settings(master, recipe, sib), cache).assign(rung=recipe))
+        del sib
+    for label, pair in foreign.items():
+        grid = off.settings(master, {label: pair}, bus=False, self_copy=False, ceilings=True)
+        parts.append(nll.run(items, grid, cache).assign(rung=label))
+    df = pd.concat(parts, ignore_index=True)
+    return df.drop_duplicates(["setting", "doc"]).reset_index(drop=True)  # floor / skyline: once
+
+
+def ladder_table(cells: pd.DataFrame, div: pd.DataFrame, order: list[str]) -> pd.DataFrame:
+    """One row per rung, nearest first: divergence (KL, R²; distance = 1 - layer-mean lstsq R² of K and V, defined for
+    every slave), NLL transfer with its CIs, the control and ceiling, and the rung's verdict."""
+    tr = nll.transfer(cells)
+    tr = tr.assign(slave=tr["slaves"]).drop(columns=["slaves", "role"])
+    d = div.drop(columns=["slave"], errors="ignore").rename(columns={"recipe": "slave"})
+    d = d.assign(distance=1 - (d["k_lstsq"] + d["v_lstsq"]) / 2)
+    out = d.drop(columns=[c for c in ("texts", "tokens") if c in d]).merge(tr, on="slave", how="inner")
+    out = out.set_index("slave").loc[[s for s in order if s in set(out["slave"])]].reset_index()
+    out["kind"] = ["sibling" if s.split(":")[0] in ("noise", "int8", "int4", "prune") else "foreign"
+                   for s in out["slave"]]
+    out["verdict"] = [nll_rung_verdict(r) for r in out.to_dict("records")]
+    return out
+
+
+def plot_transfer_map(table: pd.DataFrame) -> Any:
+    """Transfer (share of the NLL gap closed, 95% CI) against distance from the master; the slave's own ceiling (its
+    gap as a share of the master's) as an open marker above each point; foreign families in another colour."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    x = table["distance"].clip(lower=0)  # NaN where lstsq was not fitted (QUICK): those rungs are not drawn
+    for kind, colour in (("sibling", "tab:blue"), ("foreign", "tab:red")):
+        sel = (table["kind"] == kind) & x.notna()
+        if not sel.any():
+            continue
+        t = table[sel]
+        ax.errorbar(x[sel], t["transfer"], yerr=[t["transfer"] - t["lo"], t["hi"] - t["transfer"]], fmt="o",
+                    color=colour, capsize=3, label=f"{kind}: offload")
+        if "ceiling_share" in t:
+            ax.scatter(x[sel], t["ceiling_share"], facecolors="none", edgecolors=colour, marker="s",
+                       label=f"{kind}: slave's own gain (ceiling)")
+        for xi, yi, s in zip(x[sel], t["transfer"], t["slave"]):
+            ax.annotate(str(s).split("-")[0], (xi, yi), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.axhline(1, color="grey", lw=0.8, ls="--")
+    ax.set_xscale("symlog", linthresh=1e-4)  # the exact copy sits at 0
+    ax.set_xlabel("distance from the master: 1 − layer-mean R² of K/V after lstsq (symlog)")
+    ax.set_ylabel("NLL transfer (share of gap closed)")
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    return fig

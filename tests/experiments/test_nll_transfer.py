@@ -1,0 +1,132 @@
+"""NLL transfer on the ladder: the exact anchor (an exact-copy slave reading A predicts B as the master reading A
+does), controls that cannot read their own document, the transfer arithmetic and the rules on hand-made rungs
+(an all-zero grid, a slave that never knew, a null without a ceiling), and the ledger rows X03 / X04."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fusionlab.errors import FusionLabError
+from fusionlab.experiments import nb10_claims as c10, nb10_nll_transfer as nll, nb10_transfer_map as tm
+from fusionlab.experiments.nb07_corpora import Doc
+
+WORDS = "river harbour lantern copper meadow signal orchard violet granite falcon".split()
+
+
+def corpus(n: int, domain: str = "english") -> list[Doc]:
+    """Documents with disjoint vocabularies: a control that read its own document would be caught by the test."""
+    return [Doc(domain, f"{domain}{i}", " ".join(f"{WORDS[i % len(WORDS)]}{domain}{i} said {k}." for k in range(80)),
+                "heldout")
+            for i in range(n)]
+
+
+def test_pairs_split_at_token_offsets_and_derange_documents(tiny):
+    m = tiny("tiny-qwen2")
+    docs = corpus(5) + corpus(3, "code") + corpus(1, "chinese")
+    ps = nll.pairs(m.tokenizer, docs, 40, 16)
+    assert {p.domain for p in ps} == {"english", "code"}  # one chinese document: no control, left out
+    for p in ps:
+        assert p.other_doc != p.doc and p.part_b not in p.other_a
+        assert next(d for d in docs if d.name == p.other_doc).domain == p.domain
+        assert len(m.encode(p.part_a, special_tokens=False)[0]) == pytest.approx(40, abs=1)
+        assert (p.part_a + p.part_b) in next(d.text for d in docs if d.name == p.doc)
+    assert len(nll.pairs(m.tokenizer, docs, 40, 16, per_domain=2)) == 4
+    with pytest.raises(FusionLabError, match="a_tokens"):
+        nll.pairs(m.tokenizer, docs, 5000, 16)
+
+
+@pytest.mark.parametrize("arch", ["tiny-qwen2", "tiny-llama", "tiny-gemma3"])
+def test_exact_copy_slave_predicts_b_as_the_master_reading_a(tiny, tmp_path, arch):
+    m = tiny(arch)
+    ps = nll.pairs(m.tokenizer, corpus(4), 40, 16)
+    cells = tm.nll_ladder(m, ["noise:0", "noise:0.1"], {}, ps, tmp_path / "c.jsonl")
+    wide = cells.pivot_table(index="doc", columns="setting", values="nll")
+    assert np.allclose(wide["+noise:0"], wide["skyline (master reads it)"], atol=1e-4)
+    assert not np.allclose(wide["+noise:0, shuffled doc"], wide["+noise:0"], atol=1e-3)
+    ceil = cells[cells["setting"] == "noise:0 alone (reads it)"].set_index("doc")
+    assert np.allclose(ceil["nll"], wide["skyline (master reads it)"], atol=1e-4)
+    assert np.allclose(ceil["nll_alone"], wide["floor (no document)"], atol=1e-4)
+    again = tm.nll_ladder(m, ["noise:0", "noise:0.1"], {}, ps, tmp_path / "c.jsonl")  # resumed: all cached
+    assert again["nll"].equals(cells["nll"])
+    tr = nll.transfer(cells).set_index("slaves")
+    assert tr.loc["noise:0", "transfer"] == pytest.approx(1, abs=1e-3) or tr.loc["noise:0", "gap"] == pytest.approx(0, abs=1e-4)
+
+
+def frame(floor, sky, fused, ctrl, own_alone, own):
+    rows = []
+    for i in range(len(floor)):
+        rows += [{"setting": "floor", "role": "floor", "doc": f"d{i}", "nll": floor[i], "control_of": None, "slaves": ""},
+                 {"setting": "sky", "role": "skyline", "doc": f"d{i}", "nll": sky[i], "control_of": None, "slaves": ""},
+                 {"setting": "+s", "role": "cross", "doc": f"d{i}", "nll": fused[i], "control_of": None, "slaves": "s"},
+                 {"setting": "+s, ctrl", "role": "control", "doc": f"d{i}", "nll": ctrl[i], "control_of": "+s",
+                  "slaves": "s"},
+                 {"setting": "s alone", "role": "ceiling", "doc": f"d{i}", "nll": own[i], "nll_alone": own_alone[i],
+                  "control_of": None, "slaves": "s"}]
+    return pd.DataFrame(rows)
+
+
+def test_transfer_arithmetic_on_hand_made_documents():
+    rng = np.random.default_rng(0)
+    f = 3 + rng.normal(0, 0.1, 20)
+    k = f - 1
+    half = f - 0.5
+    tr = nll.transfer(frame(f, k, half, f, f, k)).iloc[0]
+    assert tr["transfer"] == pytest.approx(0.5) and tr["lo"] <= 0.5 <= tr["hi"] and tr["n"] == 20
+    assert tr["vs_control"] == pytest.approx(0.5) and tr["ceiling_share"] == pytest.approx(1)
+    assert c10.nll_rung_verdict({**tr, "slave": "s"}) == "transfers"
+    zero = nll.transfer(frame(*(np.zeros(20),) * 6)).iloc[0]  # an all-zero grid: undefined, never a division by 0
+    assert math.isnan(zero["transfer"]) and c10.nll_rung_verdict(dict(zero)) == "no gap to transfer"
+
+
+def rung(slave="s", n=30, gap_low=0.2, ceiling_gap_low=0.1, lo=0.4, hi=0.8, vs_control_low=0.05, transfer=0.6):
+    return {"slave": slave, "n": n, "gap_low": gap_low, "ceiling_gap_low": ceiling_gap_low, "lo": lo, "hi": hi,
+            "vs_control_low": vs_control_low, "transfer": transfer}
+
+
+NULL = {"lo": -0.05, "hi": 0.1, "vs_control_low": -0.02, "transfer": 0.02}
+
+
+@pytest.mark.parametrize("kw, want", [
+    ({}, "transfers"),
+    ({"n": c10.MIN_DOCS - 1}, "no gap to transfer"),
+    ({"gap_low": 0.0, "ceiling_gap_low": 0.0, "lo": 0.0, "hi": 0.0, "vs_control_low": 0.0}, "no gap to transfer"),
+    ({"ceiling_gap_low": -0.01, **NULL}, "the slave never knew"),
+    (NULL, "does not transfer"),
+    ({"ceiling_gap_low": float("nan"), **NULL}, "inconclusive"),  # a null without its ceiling is no evidence
+    ({"ceiling_gap_low": float("nan")}, "transfers"),  # a gain over its control needs no ceiling
+    ({"vs_control_low": -0.01}, "inconclusive"),  # above the floor, not above the other document
+    ({"lo": -0.1, "hi": 0.5}, "inconclusive"),
+])
+def test_nll_rung_rules(kw, want):
+    assert c10.nll_rung_verdict(rung(**kw)) == want
+
+
+def test_ledger_rows_from_hand_made_ladders():
+    good = pd.DataFrame([rung("noise:0", transfer=1.0), rung("int8"), rung("int4")])
+    assert c10.quantisation_claim(good).verdict == "supported"
+    assert c10.ladder_claim(good).verdict == "supported"
+    broken = pd.DataFrame([rung("noise:0"), rung("int8"), rung("int4", **NULL), rung("smollm2", **NULL)])
+    assert c10.quantisation_claim(broken).verdict == "not supported"
+    assert "breaks at int4" in c10.ladder_claim(broken).measured
+    only_nulls = pd.DataFrame([rung("noise:0"), rung("noise:0.1", **NULL), rung("smollm2", **NULL)])
+    assert c10.ladder_claim(only_nulls).verdict == "not supported"
+    assert c10.quantisation_claim(only_nulls).verdict == "inconclusive"  # no quantised rung
+    zero = {"gap_low": 0.0, "ceiling_gap_low": 0.0, "lo": 0.0, "hi": 0.0, "vs_control_low": 0.0, "transfer": 0.0}
+    dead = pd.DataFrame([rung("noise:0", **zero), rung("int8", **zero), rung("int4", **zero)])
+    assert c10.quantisation_claim(dead).verdict == c10.ladder_claim(dead).verdict == "inconclusive"
+    assert c10.ladder_claim(pd.DataFrame([rung("noise:0", **NULL), rung("int8")])).verdict == "inconclusive"
+
+
+def test_ladder_table_joins_divergence_and_transfer_in_ladder_order():
+    rng = np.random.default_rng(1)
+    f = 3 + rng.normal(0, 0.1, 12)
+    cells = frame(f, f - 1, f - 0.5, f, f, f - 1)
+    div = pd.DataFrame([{"recipe": "s", "slave": "tiny ~ s", "kl": 0.1, "kl_low": 0.05, "kl_high": 0.2,
+                         "texts": 2, "tokens": 50, "k_identity": 0.9, "v_identity": 0.8, "k_lstsq": 0.95,
+                         "v_lstsq": 0.85}])
+    t = tm.ladder_table(cells, div, ["s"]).iloc[0]
+    assert t["slave"] == "s" and t["distance"] == pytest.approx(0.1) and t["verdict"] == "transfers"
+    assert t["kind"] == "foreign"  # not a sibling recipe
