@@ -14,7 +14,8 @@ from .claim import Claim
 from .nb06_claims import MIN_ITEMS
 
 NB = "10_transfer_map"
-RUNG_VERDICTS = ("transfers", "does not transfer", "inconclusive", "no gap to transfer", "the slave never knew")
+RUNG_VERDICTS = ("transfers", "does not transfer", "inconclusive", "too few to judge", "no gap to transfer",
+                 "the slave never knew")
 NULL_BOUND = 0.25
 """A rung 'does not transfer' only when its transfer CI lies wholly below this share of the floor-to-skyline gap."""
 MIN_DOCS = 10
@@ -25,12 +26,15 @@ def rung_verdict(rung: dict) -> str:
     """One slave on the ladder, from its accuracies (floor, skyline, ceiling: the slave alone reading it), its
     transfer-rate CI (lo, hi) and its paired test against the different-document control (p_value, acc_setting,
     acc_control). The order of the rules is the argument:
-      no gap to transfer    fewer than MIN_ITEMS items, or the skyline no better than the floor (an all-zero grid)
+      too few to judge      fewer than MIN_ITEMS items
+      no gap to transfer    the skyline no better than the floor (an all-zero grid)
       the slave never knew  its own ceiling no better than the floor: a null then says nothing about the channel
       transfers             transfer CI above 0 and more correct than the control, McNemar p < 0.05
       does not transfer     transfer CI below NULL_BOUND
       inconclusive          otherwise."""
-    if rung["n"] < MIN_ITEMS or not rung["skyline"] > rung["floor"]:
+    if rung["n"] < MIN_ITEMS:
+        return "too few to judge"
+    if not rung["skyline"] > rung["floor"]:
         return "no gap to transfer"
     if not rung["ceiling"] > rung["floor"]:
         return "the slave never knew"
@@ -45,12 +49,15 @@ def nll_rung_verdict(rung: dict) -> str:
     """One slave from `nb10_nll_transfer.transfer`'s row: n documents, the master's gap CI (gap_low), the slave's own
     gap CI (ceiling_gap_low; NaN or absent when not measured), the transfer CI (lo, hi) and the advantage over the
     different-document control (vs_control_low, nats/token):
-      no gap to transfer    fewer than MIN_DOCS documents, or reading A does not lower the master's loss on B
+      too few to judge      fewer than MIN_DOCS documents
+      no gap to transfer    reading A does not lower the master's loss on B (its CI reaches 0)
       the slave never knew  reading A does not lower the slave's own loss on B (its CI reaches 0)
       transfers             transfer CI above 0 and the offload beats the control (its CI above 0)
       does not transfer     transfer CI below NULL_BOUND, and the slave's ceiling was measured
       inconclusive          otherwise (a null without a ceiling is one)."""
-    if rung["n"] < MIN_DOCS or not rung["gap_low"] > 0:
+    if rung["n"] < MIN_DOCS:
+        return "too few to judge"
+    if not rung["gap_low"] > 0:
         return "no gap to transfer"
     ceiling = rung.get("ceiling_gap_low", float("nan"))
     measured = ceiling is not None and not math.isnan(ceiling)
@@ -65,8 +72,8 @@ def nll_rung_verdict(rung: dict) -> str:
 
 def ladder_verdict(rungs: list[dict], judge: Callable[[dict], str] = rung_verdict) -> dict:
     """The ladder in order of divergence from the master (first: the exact copy, the positive control). Where
-    transfer breaks counts only if the exact copy transfers; a rung whose null is 'never knew' or 'no gap' is
-    skipped, not counted as a break. Returns the per-rung verdicts, the last rung that transfers before the first
+    transfer breaks counts only if the exact copy transfers; a rung the rules cannot judge ('too few', 'no gap',
+    'never knew') is skipped, not counted as a break. Returns the per-rung verdicts, the last rung that transfers before the first
     that does not, and one sentence."""
     verdicts = [(r["slave"], judge(r)) for r in rungs]
     if not verdicts or verdicts[0][1] != "transfers":

@@ -91,7 +91,7 @@ NULL = {"lo": -0.05, "hi": 0.1, "vs_control_low": -0.02, "transfer": 0.02}
 
 @pytest.mark.parametrize("kw, want", [
     ({}, "transfers"),
-    ({"n": c10.MIN_DOCS - 1}, "no gap to transfer"),
+    ({"n": c10.MIN_DOCS - 1}, "too few to judge"),
     ({"gap_low": 0.0, "ceiling_gap_low": 0.0, "lo": 0.0, "hi": 0.0, "vs_control_low": 0.0}, "no gap to transfer"),
     ({"ceiling_gap_low": -0.01, **NULL}, "the slave never knew"),
     (NULL, "does not transfer"),

@@ -17,7 +17,7 @@ def rung(slave="s", n=40, floor=0.1, skyline=0.9, ceiling=0.8, lo=0.5, hi=0.9, p
 @pytest.mark.parametrize("kw, want", [
     ({}, "transfers"),
     ({"floor": 0.0, "skyline": 0.0, "ceiling": 0.0, "lo": 0.0, "hi": 0.0, "acc": 0.0, "ctrl": 0.0}, "no gap to transfer"),
-    ({"n": MIN_ITEMS - 1}, "no gap to transfer"),
+    ({"n": MIN_ITEMS - 1}, "too few to judge"),
     ({"skyline": 0.1}, "no gap to transfer"),
     ({"ceiling": 0.1, "lo": -0.05, "hi": 0.05}, "the slave never knew"),
     ({"lo": -0.05, "hi": 0.1, "p": 0.9, "acc": 0.12}, "does not transfer"),
