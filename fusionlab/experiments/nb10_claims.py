@@ -1,6 +1,7 @@
 """Notebook 10's verdict rules: where along the ladder (exact copy -> siblings -> foreign families) a slave's K/V
 stops reaching the master. Judged per rung (accuracy or NLL transfer), then along the ladder, then as ledger rows
-X03 (quantisation) and X04 (any rung beyond the copy). Rules tested on hand-made rungs, degenerate ones included.
+X03 (quantisation), X04 (any rung beyond the copy) and X05 (K/V against a text relay). Rules tested on hand-made
+rungs, degenerate ones included.
 """
 from __future__ import annotations
 
@@ -68,6 +69,33 @@ def nll_rung_verdict(rung: dict) -> str:
     if measured and rung["hi"] < NULL_BOUND:
         return "does not transfer"
     return "inconclusive"
+
+
+RELAY_VERDICTS = ("K/V beats the relay", "the relay beats K/V", "no difference", "too few to judge",
+                  "no gap to transfer", "no relay measured")
+
+
+def relay_verdict(rung: dict) -> str:
+    """K/V against the same slave's text relay on one rung, from the advantage of the offload over the relay
+    (vs_relay_low / vs_relay_high: relay NLL - offload NLL, nats/token, bootstrap CI over documents):
+      no relay measured     the row has no relay advantage
+      too few to judge      fewer than MIN_DOCS documents
+      no gap to transfer    reading A does not lower the master's loss on B (nothing for either channel to carry)
+      K/V beats the relay   the advantage's CI lies above 0
+      the relay beats K/V   ... below 0
+      no difference         otherwise."""
+    low, high = rung.get("vs_relay_low", float("nan")), rung.get("vs_relay_high", float("nan"))
+    if low is None or high is None or math.isnan(low) or math.isnan(high):
+        return "no relay measured"
+    if rung["n"] < MIN_DOCS:
+        return "too few to judge"
+    if not rung["gap_low"] > 0:
+        return "no gap to transfer"
+    if low > 0:
+        return "K/V beats the relay"
+    if high < 0:
+        return "the relay beats K/V"
+    return "no difference"
 
 
 def ladder_verdict(rungs: list[dict], judge: Callable[[dict], str] = rung_verdict) -> dict:
@@ -144,3 +172,32 @@ def ladder_claim(table: pd.DataFrame) -> Claim:
                                                                             for r in rungs),
                  n=f"n={int(table['n'].min()) if len(table) else 0} documents per rung, {len(rungs)} rungs",
                  setup=SETUP, verdict=verdict, claim_id="X04", notebook=NB)
+
+
+def _relay_text(r: dict, verdict: str) -> str:
+    nan = float("nan")
+    adv = interval(r.get("vs_relay_low", nan), r.get("vs_relay_high", nan), "+.3f")
+    return (f"{r['slave']} K/V {r['transfer']:.2f} vs relay {r.get('relay_transfer', nan):.2f}, advantage "
+            f"{r.get('vs_relay', nan):+.3f} {adv} ({verdict})")
+
+
+def relay_claim(table: pd.DataFrame) -> Claim:
+    """X05, on the rungs beyond the exact copy (where K/V reads the document itself, so it wins by construction):
+    supported iff K/V beats the relay on every judged rung; partly supported iff on some; not supported iff on none
+    and the relay wins on some; inconclusive otherwise (no judged rung: too few documents, no gap, no relay, or
+    only ties)."""
+    rungs = table.to_dict("records")[1:]
+    got = [(r["slave"], relay_verdict(r)) for r in rungs]
+    judged = [v for _, v in got if v in ("K/V beats the relay", "the relay beats K/V", "no difference")]
+    wins = judged.count("K/V beats the relay")
+    verdict = ("inconclusive" if not judged else "supported" if wins == len(judged) else
+               "partly supported" if wins else
+               "not supported" if "the relay beats K/V" in judged else "inconclusive")
+    measured = "; ".join(_relay_text(r, v) for r, (_, v) in zip(rungs, got))
+    return Claim(claim="a slave's K/V carry more of what it read than its text does (offload beats a text relay)",
+                 seed_section="transfer map (FusionLab); C2C / KVComm compare with text communication",
+                 seed_value="-", measured=(measured or "no rung beyond the exact copy") +
+                 " (share of the NLL gap closed; advantage = relay NLL - K/V NLL, nats/token)",
+                 n=f"n={int(table['n'].min()) if len(table) else 0} documents per rung, {len(rungs)} rungs",
+                 setup=SETUP + "; relay = the slave's greedy note on part A, read by the master before part B",
+                 verdict=verdict, claim_id="X05", notebook=NB)

@@ -89,14 +89,19 @@ def b_loss(logits: torch.Tensor, b_ids: torch.Tensor) -> float:
     return float(F.cross_entropy(pred, b_ids[0, 1:].to(pred.device)))
 
 
+def nll_after(fused: FusedModel, text: str, part_b: str) -> float:
+    """B's loss when the model itself reads `text` first ('' : the tokenizer's own start, a BOS where it adds one).
+    The floor, the skyline and the text relay all score this way."""
+    lm = fused.master
+    b_ids = lm.encode(part_b, special_tokens=False)  # (1, n): the tokens every setting scores
+    return b_loss(fused(torch.cat([lm.encode(text), b_ids], 1)), b_ids)
+
+
 def nll_of(fused: FusedModel, pair: Pair, reads: str) -> float:
     """B's loss when the model reads `reads` ('nothing', 'itself', 'document', 'decoy'; see nb06_offload.READS)."""
-    lm = fused.master
-    b_ids = lm.encode(pair.part_b, special_tokens=False)  # (1, n): the tokens every setting scores
-    if reads == "nothing":  # the tokenizer's own start (a BOS where it adds one), then B
-        return b_loss(fused(torch.cat([lm.encode(""), b_ids], 1)), b_ids)
-    if reads == "itself":
-        return b_loss(fused(torch.cat([lm.encode(pair.part_a), b_ids], 1)), b_ids)
+    if reads in ("nothing", "itself"):
+        return nll_after(fused, "" if reads == "nothing" else pair.part_a, pair.part_b)
+    b_ids = fused.master.encode(pair.part_b, special_tokens=False)  # (1, n)
     context = pair.part_a if reads == "document" else pair.other_a
     return b_loss(fused(b_ids, context=context), b_ids)
 
@@ -133,13 +138,26 @@ def _by_doc(df: pd.DataFrame, mask: pd.Series, column: str = "nll") -> pd.Series
     return df[mask].set_index("doc")[column]
 
 
+def _advantage(nll: pd.Series, other: pd.Series, name: str, seed: int) -> dict[str, float]:
+    """How much lower this setting's NLL is than `other`'s on the same documents (nats/token, bootstrap CI):
+    `{name}_nll`, `vs_{name}`, `vs_{name}_low`, `vs_{name}_high`; nothing when `other` has no rows."""
+    both = nll.index.intersection(other.index)
+    if not len(both):
+        return {}
+    adv = other[both].to_numpy() - nll[both].to_numpy()
+    low, high = bootstrap_ci(adv, seed=seed)
+    return {f"{name}_nll": float(other[both].mean()), f"vs_{name}": float(adv.mean()), f"vs_{name}_low": low,
+            f"vs_{name}_high": high}
+
+
 def transfer(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
-    """One row per offload setting: its NLL transfer (paired bootstrap over documents), its advantage over its
-    different-document control (control NLL - offload NLL, nats/token, bootstrap CI), and, where the grid has the
+    """One row per offload (and text-relay) setting: its NLL transfer (paired bootstrap over documents), its
+    advantage over its different-document control (control NLL - its NLL, nats/token, bootstrap CI), an offload's
+    advantage over the same slave's text relay (`vs_relay`) where the grid has one, and, where the grid has the
     slave's ceiling, the slave's own gap (its floor - its skyline) as a share of the master's."""
     floor, sky = _by_doc(df, df["role"] == "floor"), _by_doc(df, df["role"] == "skyline")
     rows = []
-    for setting, g in df[df["role"].isin(["self", "cross", "bus"])].groupby("setting", sort=False):
+    for setting, g in df[df["role"].isin(["self", "cross", "bus", "relay"])].groupby("setting", sort=False):
         s = g.set_index("doc")["nll"]
         docs = s.index.intersection(floor.index).intersection(sky.index)
         f, k, v = floor[docs].to_numpy(), sky[docs].to_numpy(), s[docs].to_numpy()
@@ -147,12 +165,10 @@ def transfer(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFram
                "floor": f.mean(), "skyline": k.mean(), "nll": v.mean(),
                "gap": f.mean() - k.mean(), **dict(zip(("gap_low", "gap_high"), bootstrap_ci(f - k, seed=seed))),
                **transfer_rate(v, f, k, n_boot, seed)}
-        ctrl = _by_doc(df, df["control_of"] == setting)
-        if len(ctrl):
-            both = docs.intersection(ctrl.index)
-            adv = ctrl[both].to_numpy() - s[both].to_numpy()
-            row |= {"control_nll": float(ctrl[both].mean()), "vs_control": float(adv.mean()),
-                    **dict(zip(("vs_control_low", "vs_control_high"), bootstrap_ci(adv, seed=seed)))}
+        row |= _advantage(s[docs], _by_doc(df, df["control_of"] == setting), "control", seed)
+        if row["role"] != "relay":
+            row |= _advantage(s[docs], _by_doc(df, (df["role"] == "relay") & (df["slaves"] == row["slaves"])),
+                              "relay", seed)
         ceil = df[(df["role"] == "ceiling") & (df["slaves"] == row["slaves"])]
         if len(ceil) and len(row["slaves"].split(",")) == 1:
             c = ceil.set_index("doc").reindex(docs)

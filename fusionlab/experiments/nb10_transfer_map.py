@@ -20,16 +20,21 @@ from ..analysis.divergence import divergence
 from ..cells import Cell, CellCache, cell_key, run_cells
 from ..engine.layermap import LayerMap
 from ..engine.lm import LM
+from ..engine.fit import fit_lstsq
 from ..engine.projector import IdentityProjector, LstsqProjector
 from ..errors import FusionLabError
 from ..models.siblings import sibling, sibling_layer_map
 from ..paths import cache_dir
 from . import nb06_offload as off
 from . import nb10_nll_transfer as nll
+from . import nb10_text_relay as relay
 from .nb10_claims import nll_rung_verdict
 
 LADDER = ("noise:0", "noise:0.003", "noise:0.01", "noise:0.03", "noise:0.1", "int8", "int4", "prune:4")
 """Default rungs, nearest first: noise:0 is the exact copy (the positive control every null needs)."""
+VIA_LSTSQ = " lstsq"
+"""Suffix of a sibling's label when it is fed through its fitted `lstsq` projector (the channel every foreign slave
+gets) instead of the identity: on the exact copy this measures what the projector alone costs."""
 
 
 @dataclass
@@ -43,16 +48,18 @@ class Plan:
     b_tokens: int
     divergence_texts: int
     lstsq: bool = True
+    relay_tokens: int = 48
+    """The text relay's note budget (0: no relay)."""
     notes: list[str] = field(default_factory=list)
 
 
 def plan(size: str) -> Plan:
     if size == "quick":
-        return Plan(["noise:0", "noise:0.1"], [], 3, 64, 32, 2, lstsq=False)
+        return Plan(["noise:0", "noise:0.1"], [], 3, 64, 32, 2, lstsq=False, relay_tokens=12)
     if size == "default":
         return Plan(list(LADDER), ["smollm2-135m-instruct"], 10, 192, 64, 8)
     if size == "full":
-        return Plan(list(LADDER), ["smollm2-135m-instruct", "gemma3-270m"], 60, 256, 128, 32)
+        return Plan(list(LADDER), ["smollm2-135m-instruct", "gemma3-270m"], 60, 256, 128, 32, relay_tokens=64)
     raise FusionLabError(f"unknown run size {size!r}: use 'quick', 'default' or 'full'.")
 
 
@@ -80,10 +87,14 @@ def foreign_divergence(label: str, proj: LstsqProjector) -> dict[str, Any]:
             "k_identity": float("nan"), "v_identity": float("nan"), "k_lstsq": mean("k"), "v_lstsq": mean("v")}
 
 
-def rung_settings(master: LM, recipe: str, sib: LM) -> list[off.Setting]:
-    """Floor, skyline, the sibling through the identity projector (its layer map home), its ceiling and control."""
-    return off.settings(master, {recipe: (sib, IdentityProjector())}, bus=False, self_copy=False, ceilings=True,
-                        layer_maps={recipe: sibling_layer_map(master, sib)})
+def rung_settings(master: LM, recipe: str, sib: LM, lstsq: bool = False) -> list[off.Setting]:
+    """Floor, skyline, the sibling through the identity projector (its layer map home), its ceiling and control;
+    `lstsq`: also through its fitted projector (label + VIA_LSTSQ; the fit `measure_divergence` saved is reloaded)."""
+    home = sibling_layer_map(master, sib)
+    slaves: dict[str, tuple[LM, Any]] = {recipe: (sib, IdentityProjector())}
+    if lstsq:
+        slaves[recipe + VIA_LSTSQ] = (sib, fit_lstsq(master, sib, home))
+    return off.settings(master, slaves, bus=False, self_copy=False, ceilings=True, layer_maps={recipe: home})
 
 
 def ladder_settings(master: LM, recipes: list[str] | tuple[str, ...]) -> tuple[list[off.Setting], dict[str, LM]]:
@@ -96,25 +107,38 @@ def ladder_settings(master: LM, recipes: list[str] | tuple[str, ...]) -> tuple[l
 
 
 def nll_ladder(master: LM, recipes: list[str], foreign: dict[str, tuple[LM, LstsqProjector]], items: list[nll.Pair],
-               cache: Path | None = None) -> pd.DataFrame:
-    """NLL transfer cells for every rung (sibling recipes, then foreign slaves), one sibling built at a time."""
+               cache: Path | None = None, relay_tokens: int = 0, lstsq: bool = False) -> pd.DataFrame:
+    """NLL transfer cells for every rung (sibling recipes, then foreign slaves), one sibling built at a time, with
+    each slave's text relay (a note of at most `relay_tokens` tokens; 0: none) and, with `lstsq`, each sibling also
+    through its fitted projector."""
+    def rung(label: str, slave: LM, grid: list[off.Setting]) -> pd.DataFrame:
+        cells = [nll.run(items, grid, cache)]
+        if relay_tokens:
+            cells.append(relay.run(master, items, [relay.Relay(label, slave, relay_tokens)], cache))
+        return pd.concat(cells, ignore_index=True).assign(rung=label)
+
     parts = []
     for recipe in recipes:
         sib = sibling(master, recipe)
-        parts.append(nll.run(items, rung_settings(master, recipe, sib), cache).assign(rung=recipe))
+        parts.append(rung(recipe, sib, rung_settings(master, recipe, sib, lstsq)))
         del sib
     for label, pair in foreign.items():
-        grid = off.settings(master, {label: pair}, bus=False, self_copy=False, ceilings=True)
-        parts.append(nll.run(items, grid, cache).assign(rung=label))
+        parts.append(rung(label, pair[0], off.settings(master, {label: pair}, bus=False, self_copy=False,
+                                                        ceilings=True)))
     df = pd.concat(parts, ignore_index=True)
     return df.drop_duplicates(["setting", "doc"]).reset_index(drop=True)  # floor / skyline: once
 
 
 def ladder_table(cells: pd.DataFrame, div: pd.DataFrame, order: list[str]) -> pd.DataFrame:
     """One row per rung, nearest first: divergence (KL, R²; distance = 1 - layer-mean lstsq R² of K and V, defined for
-    every slave), NLL transfer with its CIs, the control and ceiling, and the rung's verdict."""
+    every slave), NLL transfer with its CIs, the control and ceiling, the text relay's transfer (`relay_*`) and
+    the offload's advantage over it (`vs_relay*`), a sibling's transfer through `lstsq` (`lstsq_*`), and the rung's
+    verdict."""
     tr = nll.transfer(cells)
-    tr = tr.assign(slave=tr["slaves"]).drop(columns=["slaves", "role"])
+    talk, via = tr["role"] == "relay", tr["slaves"].str.endswith(VIA_LSTSQ)
+    tr = (tr[~talk & ~via].assign(slave=lambda t: t["slaves"]).drop(columns=["slaves", "role"])
+          .merge(_beside(tr[talk], "relay_"), left_on="slave", right_index=True, how="left")
+          .merge(_beside(tr[via & ~talk], "lstsq_"), left_on="slave", right_index=True, how="left"))
     d = div.drop(columns=["slave"], errors="ignore").rename(columns={"recipe": "slave"})
     d = d.assign(distance=1 - (d["k_lstsq"] + d["v_lstsq"]) / 2)
     out = d.drop(columns=[c for c in ("texts", "tokens") if c in d]).merge(tr, on="slave", how="inner")
@@ -125,9 +149,27 @@ def ladder_table(cells: pd.DataFrame, div: pd.DataFrame, order: list[str]) -> pd
     return out
 
 
+SUMMARY = ("slave", "kl", "distance", "n", "gap", "transfer", "lo", "hi", "vs_control", "vs_control_low",
+           "ceiling_share", "lstsq_transfer", "lstsq_lo", "lstsq_hi", "relay_transfer", "vs_relay", "vs_relay_low",
+           "vs_relay_high", "verdict")
+
+
+def summary(table: pd.DataFrame) -> pd.DataFrame:
+    """The ladder table's headline columns, those this run measured (QUICK fits no lstsq)."""
+    return table[[c for c in SUMMARY if c in table]]
+
+
+def _beside(rows: pd.DataFrame, prefix: str) -> pd.DataFrame:
+    """Another channel's transfer, CI and control, keyed by the rung it belongs to (`slaves` without VIA_LSTSQ)."""
+    keep = [c for c in ("transfer", "lo", "hi", "vs_control_low") if c in rows]
+    rung = rows["slaves"].str.removesuffix(VIA_LSTSQ)
+    return rows.assign(rung=rung).set_index("rung")[keep].add_prefix(prefix)
+
+
 def plot_transfer_map(table: pd.DataFrame) -> Any:
     """Transfer (share of the NLL gap closed, 95% CI) against distance from the master; the slave's own ceiling (its
-    gap as a share of the master's) as an open marker above each point; foreign families in another colour."""
+    gap as a share of the master's) as an open marker above each point, its text relay as a cross, a sibling through
+    `lstsq` as a triangle; foreign families in another colour."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
@@ -139,6 +181,10 @@ def plot_transfer_map(table: pd.DataFrame) -> Any:
         t = table[sel]
         ax.errorbar(x[sel], t["transfer"], yerr=[t["transfer"] - t["lo"], t["hi"] - t["transfer"]], fmt="o",
                     color=colour, capsize=3, label=f"{kind}: offload")
+        if "lstsq_transfer" in t and t["lstsq_transfer"].notna().any():
+            ax.scatter(x[sel], t["lstsq_transfer"], color=colour, marker="^", label=f"{kind}: through lstsq")
+        if "relay_transfer" in t and t["relay_transfer"].notna().any():
+            ax.scatter(x[sel], t["relay_transfer"], color=colour, marker="x", label=f"{kind}: text relay")
         if "ceiling_share" in t:
             ax.scatter(x[sel], t["ceiling_share"], facecolors="none", edgecolors=colour, marker="s",
                        label=f"{kind}: slave's own gain (ceiling)")

@@ -130,3 +130,20 @@ def test_ladder_table_joins_divergence_and_transfer_in_ladder_order():
     t = tm.ladder_table(cells, div, ["s"]).iloc[0]
     assert t["slave"] == "s" and t["distance"] == pytest.approx(0.1) and t["verdict"] == "transfers"
     assert t["kind"] == "foreign"  # not a sibling recipe
+
+
+def test_siblings_through_lstsq_sit_beside_their_identity_row(tiny, tmp_path):
+    m = tiny("tiny-qwen2")
+    ps = nll.pairs(m.tokenizer, corpus(4), 40, 16)
+    cells = tm.nll_ladder(m, ["noise:0"], {}, ps, tmp_path / "c.jsonl", lstsq=True)
+    assert {"+noise:0", "+noise:0 lstsq", "+noise:0 lstsq, shuffled doc"} <= set(cells["setting"])
+    ceilings = cells[cells["role"] == "ceiling"]
+    assert ceilings["setting"].nunique() == 2  # one per label, the same slave alone: equal, measured once
+    assert ceilings.groupby("setting")["nll"].apply(tuple).nunique() == 1
+    div = pd.DataFrame([{"recipe": "noise:0", "kl": 0.0, "kl_low": 0.0, "kl_high": 0.0, "k_identity": 1.0,
+                         "v_identity": 1.0, "k_lstsq": 0.9, "v_lstsq": 0.9}])
+    t = tm.ladder_table(cells, div, ["noise:0"])
+    assert list(t["slave"]) == ["noise:0"]  # the lstsq channel is a column of its rung, not a rung
+    via = nll.transfer(cells).set_index("setting").loc["+noise:0 lstsq"]
+    assert t.iloc[0]["lstsq_transfer"] == pytest.approx(via["transfer"], nan_ok=True)
+    assert "lstsq_transfer" in tm.summary(t)
