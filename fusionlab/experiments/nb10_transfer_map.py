@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +17,14 @@ import numpy as np
 import pandas as pd
 
 from ..analysis.divergence import divergence
+from ..analysis.layer_selection import kvcomm_select
 from ..cells import Cell, CellCache, cell_key, run_cells
 from ..engine.layermap import LayerMap
 from ..engine.lm import LM
 from ..engine.fit import fit_lstsq
+from ..engine.fuse import fuse
 from ..engine.projector import IdentityProjector, LstsqProjector
+from ..engine.slave import Slave
 from ..errors import FusionLabError
 from ..models.siblings import sibling, sibling_layer_map
 from ..paths import cache_dir
@@ -35,6 +38,10 @@ LADDER = ("noise:0", "noise:0.003", "noise:0.01", "noise:0.03", "noise:0.1", "in
 VIA_LSTSQ = " lstsq"
 """Suffix of a sibling's label when it is fed through its fitted `lstsq` projector (the channel every foreign slave
 gets) instead of the identity: on the exact copy this measures what the projector alone costs."""
+VIA_KVCOMM = " kvcomm"
+"""Suffix of a slave's label when only KVComm's selected layers (top 30 % by slot attention) receive its slots."""
+CHANNELS = {VIA_LSTSQ: "lstsq_", VIA_KVCOMM: "kvcomm_"}
+"""The other channels a rung is measured through: label suffix -> column prefix in the ladder table."""
 
 
 @dataclass
@@ -50,12 +57,14 @@ class Plan:
     lstsq: bool = True
     relay_tokens: int = 48
     """The text relay's note budget (0: no relay)."""
+    kvcomm: bool = True
+    """Also measure each slave on KVComm's selected layers."""
     notes: list[str] = field(default_factory=list)
 
 
 def plan(size: str) -> Plan:
     if size == "quick":
-        return Plan(["noise:0", "noise:0.1"], [], 3, 64, 32, 2, lstsq=False, relay_tokens=12)
+        return Plan(["noise:0", "noise:0.1"], [], 3, 64, 32, 2, lstsq=False, relay_tokens=12, kvcomm=False)
     if size == "default":
         return Plan(list(LADDER), ["smollm2-135m-instruct"], 10, 192, 64, 8)
     if size == "full":
@@ -87,14 +96,57 @@ def foreign_divergence(label: str, proj: LstsqProjector) -> dict[str, Any]:
             "k_identity": float("nan"), "v_identity": float("nan"), "k_lstsq": mean("k"), "v_lstsq": mean("v")}
 
 
-def rung_settings(master: LM, recipe: str, sib: LM, lstsq: bool = False) -> list[off.Setting]:
+def kvcomm_samples(paragraphs: list[str], n: int = 4) -> list[tuple[str, str]]:
+    """(prompt, context) pairs for KVComm's layer scores: paragraph i + 1 reads paragraph i (held-out text, never
+    the documents the transfer is measured on)."""
+    if len(paragraphs) < n + 1:
+        raise FusionLabError(f"kvcomm_samples needs {n + 1} paragraphs for n={n}, got {len(paragraphs)}.")
+    return [(paragraphs[i + 1], paragraphs[i]) for i in range(n)]
+
+
+def kvcomm_layers(master: LM, slave: LM, proj: Any, home: LayerMap, samples: list[tuple[str, str]],
+                  top: float = 0.3) -> LayerMap:
+    """KVComm's selection for one slave: `home` cut to the `top` share of master layers whose queries attend most
+    to its slots (KVComm's default 30 %; layer 0 always kept)."""
+    with fuse(master, [Slave(slave, layer_map=home, projector=proj, align="mean")]) as f:
+        maps, _ = kvcomm_select(f, samples, top=top)
+    return maps[0]
+
+
+def _with_kvcomm_control(grid: list[off.Setting], label: str) -> list[off.Setting]:
+    """nb06's KVComm setting as its own channel (label + VIA_KVCOMM) with a different-document control."""
+    out = []
+    for st in grid:
+        if st.name == f"+{label}, KVComm layers":
+            st = replace(st, slaves=[label + VIA_KVCOMM])
+            out += [st, replace(st, name=f"{st.name}, shuffled doc", reads="decoy", role="control", control_of=st.name)]
+        else:
+            out.append(st)
+    return out
+
+
+def rung_settings(master: LM, recipe: str, sib: LM, lstsq: bool = False,
+                  kvcomm: list[tuple[str, str]] | None = None) -> list[off.Setting]:
     """Floor, skyline, the sibling through the identity projector (its layer map home), its ceiling and control;
-    `lstsq`: also through its fitted projector (label + VIA_LSTSQ; the fit `measure_divergence` saved is reloaded)."""
+    `lstsq`: also through its fitted projector (label + VIA_LSTSQ; the fit `measure_divergence` saved is reloaded);
+    `kvcomm`: calibration samples for KVComm's layer selection, also measured (label + VIA_KVCOMM)."""
     home = sibling_layer_map(master, sib)
     slaves: dict[str, tuple[LM, Any]] = {recipe: (sib, IdentityProjector())}
     if lstsq:
         slaves[recipe + VIA_LSTSQ] = (sib, fit_lstsq(master, sib, home))
-    return off.settings(master, slaves, bus=False, self_copy=False, ceilings=True, layer_maps={recipe: home})
+    sel = {recipe: kvcomm_layers(master, sib, IdentityProjector(), home, kvcomm)} if kvcomm else None
+    grid = off.settings(master, slaves, kvcomm=sel, bus=False, self_copy=False, ceilings=True,
+                        layer_maps={recipe: home})
+    return _with_kvcomm_control(grid, recipe)
+
+
+def foreign_settings(master: LM, label: str, pair: tuple[LM, LstsqProjector],
+                     kvcomm: list[tuple[str, str]] | None = None) -> list[off.Setting]:
+    """A foreign slave through its lstsq projector, its ceiling and control, and (`kvcomm`) KVComm's layers."""
+    lm, proj = pair
+    sel = {label: kvcomm_layers(master, lm, proj, proj.layer_map, kvcomm)} if kvcomm else None
+    grid = off.settings(master, {label: pair}, kvcomm=sel, bus=False, self_copy=False, ceilings=True)
+    return _with_kvcomm_control(grid, label)
 
 
 def ladder_settings(master: LM, recipes: list[str] | tuple[str, ...]) -> tuple[list[off.Setting], dict[str, LM]]:
@@ -107,10 +159,11 @@ def ladder_settings(master: LM, recipes: list[str] | tuple[str, ...]) -> tuple[l
 
 
 def nll_ladder(master: LM, recipes: list[str], foreign: dict[str, tuple[LM, LstsqProjector]], items: list[nll.Pair],
-               cache: Path | None = None, relay_tokens: int = 0, lstsq: bool = False) -> pd.DataFrame:
+               cache: Path | None = None, relay_tokens: int = 0, lstsq: bool = False,
+               kvcomm: list[tuple[str, str]] | None = None) -> pd.DataFrame:
     """NLL transfer cells for every rung (sibling recipes, then foreign slaves), one sibling built at a time, with
-    each slave's text relay (a note of at most `relay_tokens` tokens; 0: none) and, with `lstsq`, each sibling also
-    through its fitted projector."""
+    each slave's text relay (a note of at most `relay_tokens` tokens; 0: none), with `lstsq` each sibling also
+    through its fitted projector, and with `kvcomm` (calibration samples) each slave on KVComm's layers too."""
     def rung(label: str, slave: LM, grid: list[off.Setting]) -> pd.DataFrame:
         cells = [nll.run(items, grid, cache)]
         if relay_tokens:
@@ -120,11 +173,10 @@ def nll_ladder(master: LM, recipes: list[str], foreign: dict[str, tuple[LM, Lsts
     parts = []
     for recipe in recipes:
         sib = sibling(master, recipe)
-        parts.append(rung(recipe, sib, rung_settings(master, recipe, sib, lstsq)))
+        parts.append(rung(recipe, sib, rung_settings(master, recipe, sib, lstsq, kvcomm)))
         del sib
     for label, pair in foreign.items():
-        parts.append(rung(label, pair[0], off.settings(master, {label: pair}, bus=False, self_copy=False,
-                                                        ceilings=True)))
+        parts.append(rung(label, pair[0], foreign_settings(master, label, pair, kvcomm)))
     df = pd.concat(parts, ignore_index=True)
     return df.drop_duplicates(["setting", "doc"]).reset_index(drop=True)  # floor / skyline: once
 
@@ -132,13 +184,17 @@ def nll_ladder(master: LM, recipes: list[str], foreign: dict[str, tuple[LM, Lsts
 def ladder_table(cells: pd.DataFrame, div: pd.DataFrame, order: list[str]) -> pd.DataFrame:
     """One row per rung, nearest first: divergence (KL, R²; distance = 1 - layer-mean lstsq R² of K and V, defined for
     every slave), NLL transfer with its CIs, the control and ceiling, the text relay's transfer (`relay_*`) and
-    the offload's advantage over it (`vs_relay*`), a sibling's transfer through `lstsq` (`lstsq_*`), and the rung's
-    verdict."""
+    the offload's advantage over it (`vs_relay*`), a sibling's transfer through `lstsq` (`lstsq_*`), the slave on
+    KVComm's layers (`kvcomm_*`), and the rung's verdict."""
     tr = nll.transfer(cells)
-    talk, via = tr["role"] == "relay", tr["slaves"].str.endswith(VIA_LSTSQ)
-    tr = (tr[~talk & ~via].assign(slave=lambda t: t["slaves"]).drop(columns=["slaves", "role"])
-          .merge(_beside(tr[talk], "relay_"), left_on="slave", right_index=True, how="left")
-          .merge(_beside(tr[via & ~talk], "lstsq_"), left_on="slave", right_index=True, how="left"))
+    talk = tr["role"] == "relay"
+    via = {suffix: tr["slaves"].str.endswith(suffix) & ~talk for suffix in CHANNELS}
+    out = tr[~talk & ~pd.concat(via.values(), axis=1).any(axis=1)]
+    out = (out.assign(slave=out["slaves"]).drop(columns=["slaves", "role"])
+           .merge(_beside(tr[talk], "relay_", ""), left_on="slave", right_index=True, how="left"))
+    for suffix, prefix in CHANNELS.items():
+        out = out.merge(_beside(tr[via[suffix]], prefix, suffix), left_on="slave", right_index=True, how="left")
+    tr = out
     d = div.drop(columns=["slave"], errors="ignore").rename(columns={"recipe": "slave"})
     d = d.assign(distance=1 - (d["k_lstsq"] + d["v_lstsq"]) / 2)
     out = d.drop(columns=[c for c in ("texts", "tokens") if c in d]).merge(tr, on="slave", how="inner")
@@ -150,8 +206,8 @@ def ladder_table(cells: pd.DataFrame, div: pd.DataFrame, order: list[str]) -> pd
 
 
 SUMMARY = ("slave", "kl", "distance", "n", "gap", "transfer", "lo", "hi", "vs_control", "vs_control_low",
-           "ceiling_share", "lstsq_transfer", "lstsq_lo", "lstsq_hi", "relay_transfer", "vs_relay", "vs_relay_low",
-           "vs_relay_high", "verdict")
+           "ceiling_share", "lstsq_transfer", "lstsq_lo", "lstsq_hi", "kvcomm_transfer", "kvcomm_lo", "kvcomm_hi",
+           "relay_transfer", "vs_relay", "vs_relay_low", "vs_relay_high", "verdict")
 
 
 def summary(table: pd.DataFrame) -> pd.DataFrame:
@@ -159,10 +215,10 @@ def summary(table: pd.DataFrame) -> pd.DataFrame:
     return table[[c for c in SUMMARY if c in table]]
 
 
-def _beside(rows: pd.DataFrame, prefix: str) -> pd.DataFrame:
-    """Another channel's transfer, CI and control, keyed by the rung it belongs to (`slaves` without VIA_LSTSQ)."""
+def _beside(rows: pd.DataFrame, prefix: str, suffix: str) -> pd.DataFrame:
+    """Another channel's transfer, CI and control, keyed by the rung it belongs to (`slaves` without `suffix`)."""
     keep = [c for c in ("transfer", "lo", "hi", "vs_control_low") if c in rows]
-    rung = rows["slaves"].str.removesuffix(VIA_LSTSQ)
+    rung = rows["slaves"].str.removesuffix(suffix)
     return rows.assign(rung=rung).set_index("rung")[keep].add_prefix(prefix)
 
 

@@ -1,6 +1,7 @@
 """NLL transfer on the ladder: the exact anchor (an exact-copy slave reading A predicts B as the master reading A
 does), controls that cannot read their own document, the transfer arithmetic and the rules on hand-made rungs
-(an all-zero grid, a slave that never knew, a null without a ceiling), and the ledger rows X03 / X04."""
+(an all-zero grid, a slave that never knew, a null without a ceiling), the ledger rows X03 / X04, and the other
+channels of a rung (through lstsq, KVComm's layers) as columns of its row, each with its own cells and control."""
 from __future__ import annotations
 
 import math
@@ -147,3 +148,40 @@ def test_siblings_through_lstsq_sit_beside_their_identity_row(tiny, tmp_path):
     via = nll.transfer(cells).set_index("setting").loc["+noise:0 lstsq"]
     assert t.iloc[0]["lstsq_transfer"] == pytest.approx(via["transfer"], nan_ok=True)
     assert "lstsq_transfer" in tm.summary(t)
+
+
+def test_kvcomm_channel_has_its_own_cells_control_and_column(tiny, tmp_path):
+    import fusionlab as fl
+
+    m = tiny("tiny-qwen2")
+    ps = nll.pairs(m.tokenizer, corpus(4), 40, 16)
+    samples = tm.kvcomm_samples([f"{w} paragraph {i} about the {w}." for i, w in enumerate(WORDS[:6])])
+    foreign = {"llama": (tiny("tiny-llama"), fl.fit_lstsq(m, tiny("tiny-llama")))}
+    cells = tm.nll_ladder(m, ["noise:0"], foreign, ps, tmp_path / "c.jsonl", kvcomm=samples)
+    for label in ("noise:0", "llama"):
+        kv = cells[cells["setting"] == f"+{label}, KVComm layers"]
+        ctrl = cells[cells["control_of"] == f"+{label}, KVComm layers"]
+        assert len(kv) == len(ctrl) == len(ps) and set(kv["slaves"]) == {label + tm.VIA_KVCOMM}
+    full = cells[cells["setting"] == "+noise:0"].set_index("doc")["nll"]
+    some = cells[cells["setting"] == "+noise:0, KVComm layers"].set_index("doc")["nll"]
+    assert not np.allclose(full, some[full.index])  # fewer layers fed: its own cells, never the full map's
+    div = pd.DataFrame([{"recipe": r, "kl": 0.0, "kl_low": 0.0, "kl_high": 0.0, "k_identity": 1.0,
+                         "v_identity": 1.0, "k_lstsq": 0.9, "v_lstsq": 0.9} for r in ("noise:0", "llama")])
+    t = tm.ladder_table(cells, div, ["noise:0", "llama"])
+    assert list(t["slave"]) == ["noise:0", "llama"] and t["kvcomm_transfer"].notna().all()
+    with pytest.raises(FusionLabError, match="kvcomm_samples needs 5 paragraphs"):
+        tm.kvcomm_samples(["one", "two"])
+
+
+def test_kvcomm_at_every_layer_is_the_full_map_and_at_30_percent_feeds_fewer(tiny):
+    """The anchor for the KVComm column: selecting 100 % of the layers must give back the rung's own map."""
+    from fusionlab.engine.projector import IdentityProjector
+    from fusionlab.models.siblings import sibling, sibling_layer_map
+
+    m = tiny("tiny-qwen2")
+    sib = sibling(m, "noise:0")
+    home = sibling_layer_map(m, sib)
+    samples = tm.kvcomm_samples([f"{w} paragraph {i} about the {w}." for i, w in enumerate(WORDS[:6])])
+    assert tm.kvcomm_layers(m, sib, IdentityProjector(), home, samples, top=1.0).pairs == home.pairs
+    some = tm.kvcomm_layers(m, sib, IdentityProjector(), home, samples).pairs
+    assert 0 in some and set(some) < set(home.pairs)

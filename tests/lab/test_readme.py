@@ -149,3 +149,27 @@ def test_the_test_line_is_generated_from_the_recorded_run(tmp_path, monkeypatch)
     assert "last recorded from a fresh clone of " in line
     assert "605 passed, 2 failed, 3 skipped in 801 s (891 s with set-up)" in line
     assert readme.tests_markdown(tmp_path / "none").startswith("_No test run recorded yet")
+
+
+def test_transfer_map_block_from_a_saved_ladder(tmp_path):
+    from fusionlab.lab.readme_transfer_map import transfer_map_markdown
+
+    assert transfer_map_markdown(tmp_path).startswith("_Not measured yet")
+    nan = float("nan")
+    base = {"n": 30, "gap": 1.0, "gap_low": 0.8, "ceiling_gap_low": 0.5, "ceiling_share": 1.0, "vs_control": 0.9,
+            "vs_control_low": 0.7, "vs_control_high": 1.1}
+    pd.DataFrame([
+        {**base, "slave": "noise:0", "kl": 0.0, "distance": 0.1, "transfer": 1.0, "lo": 1.0, "hi": 1.0,
+         "lstsq_transfer": 0.7, "lstsq_lo": 0.6, "lstsq_hi": 0.8, "kvcomm_transfer": 0.5, "kvcomm_lo": 0.4,
+         "kvcomm_hi": 0.6, "relay_transfer": 0.2, "relay_lo": 0.1,
+         "relay_hi": 0.3, "vs_relay": 0.8, "vs_relay_low": 0.6, "vs_relay_high": 1.0},
+        {**base, "slave": "smollm2", "kl": nan, "distance": 1.9, "transfer": -0.5, "lo": -0.8, "hi": -0.2,
+         "lstsq_transfer": nan, "lstsq_lo": nan, "lstsq_hi": nan, "relay_transfer": 0.2, "relay_lo": 0.1,
+         "relay_hi": 0.3, "vs_relay": -0.7, "vs_relay_low": -0.9, "vs_relay_high": -0.5},
+    ]).to_csv(tmp_path / "10_transfer_map.default.csv", index=False)
+    rows = transfer_map_markdown(tmp_path).splitlines()
+    assert rows[2] == ("| noise:0 | 0.000 | 0.100 | 1.00 [1.00, 1.00] | +0.90 [+0.70, +1.10] | 1.00 | 0.70 [0.60, 0.80] | "
+                       "0.50 [0.40, 0.60] | 0.20 [0.10, 0.30] | +0.80 [+0.60, +1.00] | transfers | K/V beats the relay |")
+    assert rows[3].startswith("| smollm2 | - | 1.900 | -0.50 [-0.80, -0.20] |")  # no KL across tokenizers
+    assert rows[3].endswith("| - | - | 0.20 [0.10, 0.30] | -0.70 [-0.90, -0.50] | does not transfer | the relay beats K/V |")
+    assert "30 documents" in rows[-1] and "10_transfer_map.default.csv" in rows[-1]
