@@ -114,3 +114,12 @@ def test_relay_claim_skips_the_exact_copy_and_reads_degenerate_ladders_as_no_evi
     assert c10.relay_claim(pd.DataFrame([rung("noise:0")])).verdict == "inconclusive"  # nothing beyond the copy
     claim = c10.relay_claim(pd.DataFrame([rung("noise:0"), rung("int8")]))
     assert claim.claim_id == "X05" and "int8 K/V 0.50 vs relay 0.30" in claim.measured
+
+
+def test_an_empty_note_is_scored_never_a_crash(tiny, tmp_path):
+    m = tiny("tiny-qwen2")
+    ps = nll.pairs(m.tokenizer, corpus(3), 40, 16)
+    df = relay.run(m, ps, [relay.Relay("noise:0", m, tokens=0)], tmp_path / "c.jsonl")
+    assert (df["note"] == "").all() and (df["note_tokens"] == 0).all() and df["nll"].notna().all()
+    with fuse(m, []) as f:  # what the master read: the head alone, then B
+        assert df["nll"].iloc[0] == pytest.approx(nll.nll_after(f, relay.NOTE_HEAD + "\n\n", ps[0].part_b))
