@@ -66,7 +66,7 @@ def plan(size: str) -> Plan:
     if size == "quick":
         return Plan(["noise:0", "noise:0.1"], [], 3, 64, 32, 2, lstsq=False, relay_tokens=12, kvcomm=False)
     if size == "default":
-        return Plan(list(LADDER), ["smollm2-135m-instruct"], 10, 192, 64, 8)
+        return Plan(list(LADDER), ["smollm2-135m-instruct", "gemma3-270m"], 10, 192, 64, 8)
     if size == "full":
         return Plan(list(LADDER), ["smollm2-135m-instruct", "gemma3-270m"], 60, 256, 128, 32, relay_tokens=64)
     raise FusionLabError(f"unknown run size {size!r}: use 'quick', 'default' or 'full'.")
@@ -222,35 +222,52 @@ def _beside(rows: pd.DataFrame, prefix: str, suffix: str) -> pd.DataFrame:
     return rows.assign(rung=rung).set_index("rung")[keep].add_prefix(prefix)
 
 
+def _draw_rungs(ax: Any, t: pd.DataFrame, x: pd.Series, colour: str, kind: str, near: float) -> None:
+    """One family of rungs on one axis: offload with its CI, lstsq (triangle), text relay (cross), the slave's own
+    gain (open square); names staggered where rungs lie within `near` decades of each other (a name's width)."""
+    ax.errorbar(x, t["transfer"], yerr=[t["transfer"] - t["lo"], t["hi"] - t["transfer"]], fmt="o", color=colour,
+                capsize=3, label=f"{kind}: offload")
+    for column, marker, what in (("lstsq_transfer", "^", "through lstsq"), ("relay_transfer", "x", "text relay")):
+        if column in t and t[column].notna().any():
+            ax.scatter(x, t[column], color=colour, marker=marker, label=f"{kind}: {what}")
+    if "ceiling_share" in t:
+        ax.scatter(x, t["ceiling_share"], facecolors="none", edgecolors=colour, marker="s",
+                   label=f"{kind}: slave's own gain (ceiling)")
+    crowd, last = 0, None
+    for xi, yi, s in sorted(zip(x, t["transfer"], t["slave"])):
+        here = np.log10(max(xi, 1e-4))
+        crowd = crowd + 1 if last is not None and here - last < near else 0
+        last = here
+        ax.annotate(str(s).split("-")[0], (xi, yi), fontsize=7, xytext=(4, 4 - 9 * crowd), textcoords="offset points")
+
+
 def plot_transfer_map(table: pd.DataFrame) -> Any:
-    """Transfer (share of the NLL gap closed, 95% CI) against distance from the master; the slave's own ceiling (its
-    gap as a share of the master's) as an open marker above each point, its text relay as a cross, a sibling through
-    `lstsq` as a triangle; foreign families in another colour."""
+    """Two views of one ladder. Left: the siblings against next-token KL(master ‖ sibling), the clean distance where
+    tokenizers match. Right: every slave against 1 − layer-mean K/V R² after lstsq, the one distance a foreign family
+    has too (it carries the ridge's bias: the exact copy does not sit at 0). Transfer = share of the NLL gap closed,
+    95 % CI; ceiling, lstsq and text relay marked as in `_draw_rungs`."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.0), sharey=True)
+    sib = table[(table["kind"] == "sibling") & table["kl"].notna()]
+    if len(sib):
+        _draw_rungs(left, sib, sib["kl"].clip(lower=0), "tab:blue", "sibling", near=0.8)
+    left.set_xscale("symlog", linthresh=1e-4)  # the exact copy sits at KL 0
+    left.set_xlabel("KL(master ‖ sibling), nats/token (symlog)")
+    left.set_ylabel("NLL transfer (share of gap closed)")
     x = table["distance"].clip(lower=0)  # NaN where lstsq was not fitted (QUICK): those rungs are not drawn
     for kind, colour in (("sibling", "tab:blue"), ("foreign", "tab:red")):
         sel = (table["kind"] == kind) & x.notna()
-        if not sel.any():
-            continue
-        t = table[sel]
-        ax.errorbar(x[sel], t["transfer"], yerr=[t["transfer"] - t["lo"], t["hi"] - t["transfer"]], fmt="o",
-                    color=colour, capsize=3, label=f"{kind}: offload")
-        if "lstsq_transfer" in t and t["lstsq_transfer"].notna().any():
-            ax.scatter(x[sel], t["lstsq_transfer"], color=colour, marker="^", label=f"{kind}: through lstsq")
-        if "relay_transfer" in t and t["relay_transfer"].notna().any():
-            ax.scatter(x[sel], t["relay_transfer"], color=colour, marker="x", label=f"{kind}: text relay")
-        if "ceiling_share" in t:
-            ax.scatter(x[sel], t["ceiling_share"], facecolors="none", edgecolors=colour, marker="s",
-                       label=f"{kind}: slave's own gain (ceiling)")
-        for xi, yi, s in zip(x[sel], t["transfer"], t["slave"]):
-            ax.annotate(str(s).split("-")[0], (xi, yi), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    ax.axhline(0, color="grey", lw=0.8)
-    ax.axhline(1, color="grey", lw=0.8, ls="--")
-    ax.set_xscale("symlog", linthresh=1e-4)  # the exact copy sits at 0
-    ax.set_xlabel("distance from the master: 1 − layer-mean R² of K/V after lstsq (symlog)")
-    ax.set_ylabel("NLL transfer (share of gap closed)")
-    ax.legend(fontsize=7, loc="best")
+        if sel.any():
+            _draw_rungs(right, table[sel], x[sel], colour, kind, near=0.1)
+    right.set_xscale("log")
+    right.xaxis.set_minor_formatter(plt.NullFormatter())  # minor labels collide on a one-decade axis
+    right.set_xticks([0.1, 0.2, 0.5, 1, 2], ["0.1", "0.2", "0.5", "1", "2"])
+    right.set_xlabel("1 − layer-mean R² of K/V after lstsq (log)")
+    for ax in (left, right):
+        ax.axhline(0, color="grey", lw=0.8)
+        ax.axhline(1, color="grey", lw=0.8, ls="--")
+    handles, labels = right.get_legend_handles_labels()
+    right.legend(handles, labels, fontsize=7, loc="lower left")
     fig.tight_layout()
     return fig

@@ -185,3 +185,19 @@ def test_kvcomm_at_every_layer_is_the_full_map_and_at_30_percent_feeds_fewer(tin
     assert tm.kvcomm_layers(m, sib, IdentityProjector(), home, samples, top=1.0).pairs == home.pairs
     some = tm.kvcomm_layers(m, sib, IdentityProjector(), home, samples).pairs
     assert 0 in some and set(some) < set(home.pairs)
+
+
+def test_the_map_draws_siblings_by_kl_and_every_slave_by_lstsq_distance():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    base = {"n": 30, "lo": 0.5, "hi": 0.9, "transfer": 0.7, "ceiling_share": 1.0, "relay_transfer": 0.1}
+    table = pd.DataFrame([{**base, "slave": "noise:0", "kind": "sibling", "kl": 0.0, "distance": 0.1},
+                          {**base, "slave": "int8", "kind": "sibling", "kl": 0.001, "distance": 0.1},
+                          {**base, "slave": "smollm2", "kind": "foreign", "kl": float("nan"), "distance": 1.9},
+                          {**base, "slave": "quick", "kind": "sibling", "kl": 0.5, "distance": float("nan")}])
+    fig = tm.plot_transfer_map(table)
+    left, right = fig.axes[:2]
+    assert len(left.texts) == 3 and len(right.texts) == 3  # no foreign KL; no lstsq distance where none was fitted
+    offsets = [t.xyann for t in right.texts if t.get_text() in ("noise:0", "int8")]
+    assert offsets[0] != offsets[1]  # two rungs on one spot: their names are staggered, not printed over each other
