@@ -33,8 +33,10 @@ from . import nb10_nll_transfer as nll
 from . import nb10_text_relay as relay
 from .nb10_claims import nll_rung_verdict
 
-LADDER = ("noise:0", "noise:0.003", "noise:0.01", "noise:0.03", "noise:0.1", "int8", "int4", "prune:4")
-"""Default rungs, nearest first: noise:0 is the exact copy (the positive control every null needs)."""
+LADDER = ("noise:0", "noise:0.003", "int8", "noise:0.01", "noise:0.03", "int4", "noise:0.1", "prune:4", "noise:0.2",
+          "noise:0.3")
+"""Default rungs, nearest first by their measured KL from the master (the ladder rules read them in this order):
+noise:0 is the exact copy (the positive control every null needs)."""
 VIA_LSTSQ = " lstsq"
 """Suffix of a sibling's label when it is fed through its fitted `lstsq` projector (the channel every foreign slave
 gets) instead of the identity: on the exact copy this measures what the projector alone costs."""

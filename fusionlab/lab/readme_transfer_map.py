@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..analysis.stats import interval
 from ..experiments.nb10_claims import nll_rung_verdict, relay_verdict
+from ..experiments.nb10_crossing import sentence
 from .results import best_table
 
 HEAD = ("| slave | KL (nats/token) | distance | transfer [95% CI] | vs other document (nats) | slave's own gain | "
@@ -53,4 +54,10 @@ def transfer_map_markdown(folder: Path | None = None) -> str:
         f"{df['gap'].iloc[0]:.2f} nats/token) the offload closes; vs other document = the control's NLL minus the "
         "offload's; slave's own gain = its own gap from reading A as a share of the master's; distance = 1 − "
         "layer-mean K/V R² after lstsq; through lstsq / KVComm layers / text relay: the same transfer through the "
-        "other channels.")
+        "other channels." + _crossing(folder))
+
+
+def _crossing(folder: Path | None) -> str:
+    """Where the weight-noise curve halves (`nb10_crossing`), when the run saved it."""
+    got = best_table("10_crossing", folder)
+    return "" if got is None else f" Weight-noise rungs as one curve of KL: {sentence(got[0].iloc[0].to_dict())}."

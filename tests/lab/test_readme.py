@@ -173,3 +173,19 @@ def test_transfer_map_block_from_a_saved_ladder(tmp_path):
     assert rows[3].startswith("| smollm2 | - | 1.900 | -0.50 [-0.80, -0.20] |")  # no KL across tokenizers
     assert rows[3].endswith("| - | - | 0.20 [0.10, 0.30] | -0.70 [-0.90, -0.50] | does not transfer | the relay beats K/V |")
     assert "30 documents" in rows[-1] and "10_transfer_map.default.csv" in rows[-1]
+
+
+def test_transfer_map_block_adds_the_crossing_when_saved(tmp_path):
+    from fusionlab.experiments import nb10_crossing as cr
+    from fusionlab.lab.readme_transfer_map import transfer_map_markdown
+
+    row = {"slave": "noise:0", "kl": 0.0, "distance": 0.1, "n": 30, "gap": 1.0, "gap_low": 0.8, "transfer": 1.0,
+           "lo": 1.0, "hi": 1.0}
+    pd.DataFrame([row]).to_csv(tmp_path / "10_transfer_map.default.csv", index=False)
+    assert "Weight-noise rungs" not in transfer_map_markdown(tmp_path)
+    c = {"rungs": ["noise:0", "noise:0.3"], "kl": [0.0, 4.0], "level": 0.5, "n": 30, "crossing": 2.0, "lo": 1.5,
+         "hi": 2.5, "share_defined": 0.99, "bracketed": True}
+    pd.DataFrame([cr.as_row(c)]).to_csv(tmp_path / "10_crossing.default.csv", index=False)
+    assert transfer_map_markdown(tmp_path).endswith(
+        "Weight-noise rungs as one curve of KL: transfer falls to 50% of the gap at KL 2 nats/token [1.5, 2.5] "
+        "(bootstrap over 30 documents; 99% of resamples cross within the ladder).")
