@@ -101,8 +101,8 @@ def relay_verdict(rung: dict) -> str:
 def ladder_verdict(rungs: list[dict], judge: Callable[[dict], str] = rung_verdict) -> dict:
     """The ladder in order of divergence from the master (first: the exact copy, the positive control). Where
     transfer breaks counts only if the exact copy transfers; a rung the rules cannot judge ('too few', 'no gap',
-    'never knew') is skipped, not counted as a break. Returns the per-rung verdicts, the last rung that transfers before the first
-    that does not, and one sentence."""
+    'never knew') is skipped, not counted as a break. Returns the per-rung verdicts, the last rung that transfers
+    before the first that does not, and one sentence."""
     verdicts = [(r["slave"], judge(r)) for r in rungs]
     if not verdicts or verdicts[0][1] != "transfers":
         why = verdicts[0][1] if verdicts else "no rungs"

@@ -31,8 +31,8 @@ def crossing(cells: pd.DataFrame, div: pd.DataFrame, prefix: str = "noise:", lev
     (`nb10_nll_transfer.run` rows) and the divergence table (`recipe`, `kl`). Returns the rungs used (by KL), the
     point estimate, a 95% percentile CI over documents, the share of resamples with a crossing, and `bracketed`."""
     kl = div.set_index("recipe")["kl"]
-    rungs = sorted((r for r in kl.index if str(r).startswith(prefix) and f"+{r}" in set(cells["setting"])),
-                   key=lambda r: kl[r])
+    measured = set(cells["setting"])
+    rungs = sorted((r for r in kl.index if str(r).startswith(prefix) and f"+{r}" in measured), key=lambda r: kl[r])
     wide = cells.pivot_table(index="doc", columns="setting", values="nll")
     need = ["floor (no document)", "skyline (master reads it)"] + [f"+{r}" for r in rungs]
     wide = wide[[c for c in need if c in wide]].dropna()

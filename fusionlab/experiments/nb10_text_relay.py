@@ -45,17 +45,24 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def reads(note: str) -> str:
+    """The text the master reads before B: the note under its head, then a blank line."""
+    return NOTE_HEAD + note + "\n\n"
+
+
 def notes(relay: Relay, texts: list[str], cache: CellCache) -> dict[str, dict[str, Any]]:
-    """The writer's note on each distinct text (cached by writer, text and budget), with its cost."""
+    """The writer's note on each distinct text (cached by writer, the whole prompt it answers, and budget), with
+    its cost."""
     def write(fused: FusedModel, cs: list[Cell]) -> list[dict[str, Any]]:
         t0 = time.perf_counter()
-        out = fused.generate([NOTE_PROMPT.format(text=c.item) for c in cs], max_new_tokens=relay.tokens, chat=True)
+        out = fused.generate([c.item for c in cs], max_new_tokens=relay.tokens, chat=True)
         dt = round((time.perf_counter() - t0) / len(cs), 3)
         return [{"note": t, "note_seconds": dt} for t in out]
 
     distinct = list(dict.fromkeys(texts))
-    cells = [Cell(cell_key("relay-note", relay.writer.fingerprint[:12], _digest(t), relay.tokens), {}, t)
-             for t in distinct]
+    prompts = [NOTE_PROMPT.format(text=t) for t in distinct]
+    cells = [Cell(cell_key("relay-note", relay.writer.fingerprint[:12], _digest(q), relay.tokens), {}, q)
+             for q in prompts]
     recs = run_cells(cache, cells, lambda: closing(fuse(relay.writer, [])), lambda f, c: write(f, [c])[0],
                      desc=f"{relay.label} notes", compute_batch=write, batch_size=4)
     return dict(zip(distinct, recs))
@@ -65,6 +72,15 @@ def run(master: LM, items: list[Pair], relays: list[Relay], cache: Path | None =
     """Relay and control cells for every writer, resumable; rows shaped like `nb10_nll_transfer.run`'s (setting,
     doc, domain, nll, seconds, role, control_of, slaves) plus the note and its length in the master's tokens."""
     store = CellCache(cache or default_cache())
+
+    def score(fused: FusedModel, c: Cell) -> dict[str, Any]:
+        pair, note = c.item
+        t0 = time.perf_counter()
+        nll = nll_after(fused, reads(note["note"]), pair.part_b)
+        length = int(master.encode(note["note"], special_tokens=False).shape[1])
+        return {"nll": nll, "note": note["note"], "note_tokens": length,
+                "seconds": round(time.perf_counter() - t0 + note["note_seconds"], 3)}
+
     rows = []
     for relay in relays:
         written = notes(relay, [p.part_a for p in items] + [p.other_a for p in items], store)
@@ -74,16 +90,8 @@ def run(master: LM, items: list[Pair], relays: list[Relay], cache: Path | None =
             cells = []
             for p in items:
                 note = written[getattr(p, source)]
-                key = cell_key("relay-nll", master.fingerprint[:12], _digest(note["note"]), _digest(p.part_b))
+                key = cell_key("relay-nll", master.fingerprint[:12], _digest(reads(note["note"]) + "\x00" + p.part_b))
                 cells.append(Cell(key, {"setting": setting, "doc": p.doc, "domain": p.domain}, (p, note)))
-
-            def score(fused: FusedModel, c: Cell) -> dict[str, Any]:
-                pair, note = c.item
-                t0 = time.perf_counter()
-                nll = nll_after(fused, NOTE_HEAD + note["note"] + "\n\n", pair.part_b)
-                return {"nll": nll, "note": note["note"], "note_tokens": int(master.encode(note["note"], special_tokens=False).shape[1]),
-                        "seconds": round(time.perf_counter() - t0 + note["note_seconds"], 3)}
-
             for rec in run_cells(store, cells, lambda: closing(fuse(master, [])), score, desc=setting):
                 rows.append({**rec, "role": role, "control_of": control_of, "slaves": relay.label})
     return pd.DataFrame(rows).drop(columns=["key"]) if rows else pd.DataFrame()
