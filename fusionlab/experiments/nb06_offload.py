@@ -76,9 +76,13 @@ def document(tokenizer: Any, haystack: str, needles: tuple[Needle, ...], length:
 
 
 def build_items(master: LM, facts: list[str], pairs: list[tuple[str, str]], lengths: list[int], depths: list[float],
-                haystacks: dict[str, str] = HAYSTACKS) -> list[Item]:
-    """Every (task, needle or pair, length, depth) item; each decoy holds the next same-language needle not in it."""
-    pool = {n.id: n for n in load_needles()}
+                haystacks: dict[str, str] = HAYSTACKS, needles: list[Needle] | None = None) -> list[Item]:
+    """Every (task, needle or pair, length, depth) item; each decoy holds the next same-language needle not in it.
+    `needles`: the pool the ids name (default: our hand-written needles; notebook 10 passes synthetic facts)."""
+    pool = {n.id: n for n in (load_needles() if needles is None else needles)}
+    missing = [f for f in [*facts, *(x for pair in pairs for x in pair)] if f not in pool]
+    if missing:
+        raise FusionLabError(f"build_items: no needle {missing[0]!r} in the pool; use one of {sorted(pool)[:6]}...")
     texts = {lang: load_haystack(name) for lang, name in haystacks.items()}
     same_lang = {lang: [n for n in pool.values() if n.lang == lang] for lang in texts}
     groups = [("fact", (pool[f],)) for f in facts] + [("two-fact", (pool[a], pool[b])) for a, b in pairs]

@@ -1,0 +1,100 @@
+"""Offload accuracy over the ladder: synthetic facts (seeded, distinct, unknowable, with a distractor), the grid on a
+tiny master (the exact rung answers as the skyline; floor and skyline once), and the per-rung table and its verdicts
+on hand-made cells, degenerate ones included."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from fusionlab.errors import FusionLabError
+from fusionlab.experiments import nb02_niah as niah, nb10_offload as lad
+from fusionlab.experiments.nb10_claims import RUNG_VERDICTS
+from fusionlab.experiments.synthetic_facts import TEMPLATES, facts
+from fusionlab.paths import asset
+
+HAY = " ".join(f"Sentence number {i} talks about rivers, harbours and old maps of the town." for i in range(400))
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_facts_are_seeded_distinct_and_answerable_only_from_their_sentence(lang):
+    a, b = facts(30, lang), facts(30, lang, seed=1)
+    assert a == facts(30, lang) and a != b  # a pure function of (n, lang, seed)
+    assert {f.id.split("-")[2] for f in a} == {t.kind for t in TEMPLATES if t.lang == lang}
+    assert len({f.needle for f in a}) == 30 and len({f.answers[0] for f in a}) == 30
+    for f in a:
+        assert niah.score(f.needle, f)["label"] == "correct"
+        assert not any(x.lower() in f.question.lower() for x in f.answers)  # the question does not give it away
+        assert not any(x.lower() in f.distractor.lower() for x in f.answers)
+        assert niah.score(f.distractor, f)["distractor"] in (True, False)
+    assert niah.score("The code is " + a[0].answers[0].replace("-", ""), a[0])["label"] == "correct"
+
+
+@pytest.mark.parametrize("kw", [{"n": 0, "lang": "en"}, {"n": 3, "lang": "fr"}, {"n": 10 ** 5, "lang": "zh"}])
+def test_bad_fact_requests_say_what_to_change(kw):
+    with pytest.raises(FusionLabError):
+        facts(**kw)
+
+
+def test_the_ladder_grid_on_a_tiny_master(tiny, tmp_path):
+    m = tiny("tiny-qwen2")
+    (tmp_path / "en.txt").write_text(HAY)
+    hays = {"en": str(tmp_path / "en.txt"), "zh": str(asset("haystack", "zh.txt"))}
+    plan = lad.OffloadPlan(["noise:0", "prune:2"], [], 2, [200], max_new_tokens=5)
+    items = lad.items(m, plan, hays)
+    assert len(items) == 4 and {it.lang for it in items} == {"en", "zh"}
+    assert all(it.needles[0].needle in it.document and it.needles[0].needle not in it.decoy for it in items)
+    df = lad.offload_ladder(m, plan.rungs, {}, items, plan.max_new_tokens, cache=tmp_path / "c.jsonl")
+    assert (df.groupby("setting").size() == 4).all()  # floor and skyline once, not once per rung
+    answer = lambda s: df[df["setting"] == s].set_index("item")["answer"]  # noqa: E731
+    sky = answer("skyline (master reads it)")
+    assert answer("+noise:0").equals(sky) and answer("noise:0 alone (reads it)").equals(sky)
+    table = lad.accuracy_table(df, plan.rungs)
+    assert table["slave"].tolist() == plan.rungs and set(table["verdict"]) == {"too few to judge"}  # 4 items
+
+
+def cells(ceiling: list[int], offload: list[int], control: list[int], floor: list[int], sky: list[int]) -> pd.DataFrame:
+    rows = []
+    for setting, role, ok in (("floor (no document)", "floor", floor), ("skyline (master reads it)", "skyline", sky),
+                              ("s alone (reads it)", "ceiling", ceiling), ("+s", "cross", offload),
+                              ("+s, shuffled doc", "control", control)):
+        rows += [{"setting": setting, "role": role, "item": f"i{i}", "label": "correct" if c else "wrong",
+                  "distractor": False, "control_of": "+s" if role == "control" else None} for i, c in enumerate(ok)]
+    return pd.DataFrame(rows)
+
+
+N = 30
+ALL, NONE, HALF = [1] * N, [0] * N, [1, 0] * (N // 2)
+
+
+@pytest.mark.parametrize("ceiling, offload, control, floor, sky, want", [
+    (ALL, ALL, NONE, NONE, ALL, "transfers"),
+    (ALL, NONE, NONE, NONE, ALL, "does not transfer"),
+    (NONE, NONE, NONE, NONE, ALL, "the slave never knew"),
+    (NONE, NONE, NONE, NONE, NONE, "no gap to transfer"),  # an all-zero grid is no evidence either way
+    (ALL, HALF, HALF, NONE, ALL, "inconclusive"),  # as often right as its control: no information shown
+])
+def test_accuracy_table_judges_each_rung(ceiling, offload, control, floor, sky, want):
+    t = lad.accuracy_table(cells(ceiling, offload, control, floor, sky), ["s", "absent"])
+    assert t["slave"].tolist() == ["s"] and t["verdict"].iloc[0] == want and want in RUNG_VERDICTS
+    row = t.iloc[0]
+    assert row["n"] == N and row["offload"] == sum(offload) / N and row["ceiling"] == sum(ceiling) / N
+    assert row["offload_lo"] <= row["offload"] <= row["offload_hi"]
+
+
+@pytest.mark.parametrize("size", ["quick", "default", "full"])
+def test_every_plan_is_buildable(size):
+    p = lad.offload_plan(size)
+    assert p.rungs[0] == "noise:0"  # the positive control first, in every size
+    for lang in p.langs:
+        facts(p.per_lang, lang, p.seed)
+    with pytest.raises(FusionLabError):
+        lad.offload_plan("huge")
+
+
+def test_a_distractor_is_about_a_place_no_reader_could_confuse_with_the_needles():
+    for f in facts(30, "en"):
+        place = next(w.strip("?") for w in f.question.split() if w.strip("?").endswith("holm"))
+        other = next(w for w in f.distractor.split() if w.endswith("holm"))
+        assert place[0] != other[0]  # not Seluholm beside Saleholm
+    for f in facts(30, "zh"):
+        assert not set(f.question[:2]) & set(f.distractor[:2])
