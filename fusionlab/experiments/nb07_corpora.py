@@ -111,8 +111,9 @@ def chunks(tokenizer: Any, docs: list[Doc], split: str, tokens: int = 256, per_d
         pieces: list[TrainChunk] = []
         for doc in (x for x in docs if x.domain == d and x.split == split):
             w = windows(tokenizer, doc.text, tokens)
-            pieces += ([TrainChunk(w[k], context=w[k - 1]) for k in range(1, len(w))] if task == "offload"
-                       else [TrainChunk(x) for x in w])
+            name = f"{doc.domain}/{doc.name}"  # controls read another document, never a window of this one
+            pieces += ([TrainChunk(w[k], context=w[k - 1], doc=name) for k in range(1, len(w))] if task == "offload"
+                       else [TrainChunk(x, doc=name) for x in w])
         by_domain[d] = pieces[:per_domain] if per_domain else pieces
     out = []
     for k in range(max((len(v) for v in by_domain.values()), default=0)):

@@ -23,7 +23,7 @@ from ..engine.kv_capture import capture_kv
 from ..engine.lm import LM
 from ..engine.projector import LstsqProjector
 from ..engine.slave import Slave
-from ..training.chunks import TrainChunk, loss_of, prepare
+from ..training.chunks import TrainChunk, document_derangement, loss_of, prepare
 from ..training.train import TrainConfig, train_fuser
 from ..errors import FusionLabError
 from ..paths import cache_dir, data_dir
@@ -148,8 +148,8 @@ def chunk_nll(master: LM, e: Evaluated, chunks: list[TrainChunk], task: str) -> 
         return out
     with fuse(master, [Slave(e.slave, layer_map=e.fuser.layer_map, projector=e.fuser, mode=e.mode, gate=e.gate,
                              align="mean")]) as fused:
-        n = len(chunks)
-        reads = [(i + 1) % n for i in range(n)] if e.reads == "shuffled" else list(range(n))
+        n = len(chunks)  # the control reads a chunk of another document (a neighbouring window would leak)
+        reads = document_derangement(chunks, 0) if e.reads == "shuffled" else list(range(n))
         data = prepare(fused, chunks, task, reads)
         learned = e.fuser if isinstance(e.fuser, LearnedFuser) else None
         return [float(loss_of(fused, learned, p)) for p in data]

@@ -22,10 +22,12 @@ from .fuser import LearnedFuser
 
 @dataclass(frozen=True)
 class TrainChunk:
-    """One training example: `text` the master reads; `context` the slave reads first (task='offload' only)."""
+    """One training example: `text` the master reads; `context` the slave reads first (task='offload' only);
+    `doc` names the document it was cut from (None: a document of its own), so a control never reads its own file."""
 
     text: str
     context: str | None = None
+    doc: str | None = None
 
 
 @dataclass
@@ -94,6 +96,31 @@ def loss_of(fused: FusedModel, fuser: LearnedFuser | None, p: Prepared) -> torch
     fuser; `fuser=None` scores any other projector the same way)."""
     logits = fused_logits(fused, p.ids, slots_of(fused, fuser, p), p.start)
     return F.cross_entropy(logits[0, :-1].float(), p.ids[0, 1:])
+
+
+def document_derangement(chunks: list[TrainChunk], seed: int) -> list[int]:
+    """For each chunk, the index of a chunk of *another document* for a control to read. Chunk-level derangements
+    leak: the next window of the same file is the master's own continuation (an offload chunk's context is the window
+    before its text). A permutation where one exists (no document holds more than half the chunks: chunks grouped by
+    document in a seeded order, each reads the one `largest group` places on); otherwise each chunk reads a seeded
+    random chunk of another document. A chunk without `doc` is its own document."""
+    docs = [c.doc if c.doc is not None else f"\x00chunk{i}" for i, c in enumerate(chunks)]
+    groups: dict[str, list[int]] = {}
+    for i, d in enumerate(docs):
+        groups.setdefault(d, []).append(i)
+    if len(groups) < 2:
+        raise FusionLabError(f"a control that reads another document needs chunks from at least 2 documents; all "
+                             f"{len(chunks)} chunks come from {next(iter(groups), 'none')!r}: add documents.")
+    rng = np.random.default_rng(seed + 11)
+    names = sorted(groups)
+    order = [i for k in rng.permutation(len(names)) for i in rng.permutation(groups[names[k]]).tolist()]
+    n, m = len(order), max(len(g) for g in groups.values())
+    if 2 * m <= n:
+        reads = [0] * n
+        for k, i in enumerate(order):
+            reads[i] = order[(k + m) % n]
+        return reads
+    return [int(rng.choice([j for j in range(n) if docs[j] != docs[i]])) for i in range(n)]
 
 
 def derangement(n: int, seed: int) -> list[int]:

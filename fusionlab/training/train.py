@@ -33,7 +33,7 @@ from ..engine.fuse import fuse
 from ..engine.lm import LM
 from ..engine.projector import LstsqProjector
 from ..engine.slave import Slave
-from .chunks import TrainChunk, check_chunks, derangement, prepare
+from .chunks import TrainChunk, check_chunks, document_derangement, prepare
 from .fuser import FuserConfig, LearnedFuser
 from .loop import Loop
 
@@ -94,7 +94,8 @@ def config_hash(fuser: LearnedFuser, train: TrainConfig, chunks: list[TrainChunk
     schedule = {k: v for k, v in asdict(train).items() if k not in ("max_tokens", "max_seconds", "checkpoint_every")}
     raw = json.dumps([asdict(fuser.config), schedule, fuser.meta["master"]["fingerprint"],
                       fuser.meta["slave"]["fingerprint"], fuser.meta["layer_map"],
-                      hashlib.sha256("\x00".join(c.text + "\x01" + (c.context or "") for c in chunks).encode())
+                      hashlib.sha256("\x00".join(c.text + "\x01" + (c.context or "") + "\x02" + (c.doc or "")
+                                                for c in chunks).encode())
                       .hexdigest()], sort_keys=True)
     return hashlib.sha256(raw.encode()).hexdigest()
 
@@ -114,7 +115,7 @@ def train_fuser(master: LM, slave: LM, chunks: list[TrainChunk], config: FuserCo
         with fuse(master, [Slave(slave, layer_map=fuser.layer_map, projector=fuser, mode=config.mode,
                                  align="mean")]) as fused:
             n = len(chunks)
-            reads = derangement(n, train.seed) if config.input == "shuffled" else list(range(n))
+            reads = document_derangement(chunks, train.seed) if config.input == "shuffled" else list(range(n))
             data = prepare(fused, chunks, train.task, reads)
             loop = Loop(fused, fuser, data, train, config_hash(fuser, train, chunks),
                         Path(checkpoint) if checkpoint else None)
