@@ -30,6 +30,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from ..engine import checks
 from ..engine.layermap import LayerMap
 from ..engine.projector import LstsqProjector, Projector, read_safetensors, register_loader
 from ..errors import FusionLabError
@@ -48,6 +49,8 @@ class FuserConfig:
     """input='constant': positions in the learned table (0: chosen by `match_table`)."""
     per_head: bool = True
     seed: int = 0
+    dropout: float = 0.0
+    """Dropout on the residual's input while training (a regulariser; inference never drops)."""
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("mode", self.mode, MODES), ("kind", self.kind, KINDS),
@@ -56,19 +59,24 @@ class FuserConfig:
                 raise FusionLabError(f"FuserConfig {name}={value!r}; use one of {allowed}.")
         if not isinstance(self.width, int) or self.width < 1:
             raise FusionLabError(f"FuserConfig width must be a positive int, got {self.width!r}.")
+        checks.integer("FuserConfig table", self.table, 0)
+        checks.flag("FuserConfig per_head", self.per_head)
+        checks.integer("FuserConfig seed", self.seed, 0)
+        checks.number("FuserConfig dropout", self.dropout, 0, 0.9)
 
 
 class Residual(nn.Module):
     """z (..., F) -> B act(A z): zero at the start (B = 0)."""
 
-    def __init__(self, features: int, width: int, kind: str, generator: torch.Generator):
+    def __init__(self, features: int, width: int, kind: str, generator: torch.Generator, dropout: float = 0.0):
         super().__init__()
         self.a = nn.Parameter(torch.randn(features, width, generator=generator) / features ** 0.5)
         self.b = nn.Parameter(torch.zeros(width, features))
         self.act = nn.GELU() if kind == "mlp" else nn.Identity()
+        self.drop = nn.Dropout(dropout)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        return self.act(z @ self.a) @ self.b
+        return self.act(self.drop(z) @ self.a) @ self.b
 
 
 class LearnedFuser(nn.Module, Projector):
@@ -93,13 +101,14 @@ class LearnedFuser(nn.Module, Projector):
             self.table_k = nn.Parameter(torch.zeros(n, p, h, d))
             self.table_v = nn.Parameter(torch.zeros(n, p, h, d))
         else:
-            self.res = nn.ModuleDict({f"{kind}{i}": Residual(feats, config.width, config.kind, g)
+            self.res = nn.ModuleDict({f"{kind}{i}": Residual(feats, config.width, config.kind, g, config.dropout)
                                       for i in self.layers for kind in "kv"})
         self.head_w = nn.Parameter(torch.ones(n, 2, h), requires_grad=config.per_head and config.input != "constant")
         self.gate = nn.Parameter(torch.zeros(n), requires_grad=config.mode == "concat")
         if config.mode == "concat":
             self.key_scale = nn.Parameter(torch.zeros(n))
         self._noise = torch.Generator().manual_seed(config.seed + 1)
+        self.eval()  # inference mode by default (no dropout); the training loop switches it while it steps
 
     # --- use as a projector ----------------------------------------------------------------------------------
     @property

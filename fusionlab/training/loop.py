@@ -6,7 +6,13 @@ all score far below the slots (measured on Qwen: own maxima down to -243 at sing
 by e^243) it reaches 1e34 or overflows, and a global clip would then scale every other gradient to nothing. The sign
 says whether opening the gate lowers the loss; AdamW steps by about lr either way.
 
-A checkpoint holds the fuser's state, the optimizer's, the step, tokens seen and the config hash; it is written to a
+Validation (`eval_every`): the loss on held-out-by-document chunks before the first step, every N steps and at the
+end; the fuser returned is the best of those states (the untrained start, equal to the master, is a candidate: a
+run whose training gain never shows on validation hands back the master's behaviour, not its overfit). `patience`
+passes without a new best stop the run.
+
+A checkpoint holds the fuser's state, the optimizer's, the step, tokens seen, the validation record with the best
+state, the random generators and the config hash; it is written to a
 temporary file and renamed, so a killed run leaves the previous checkpoint whole. Resuming with a checkpoint of a
 different configuration (models, fuser, data, schedule) is refused, naming both hashes.
 """
@@ -46,14 +52,23 @@ def clip_gradients(gates: list[torch.Tensor], rest: list[torch.Tensor], clip: fl
 
 class Loop:
     def __init__(self, fused: FusedModel, fuser: LearnedFuser, data: list[Prepared], train: Any, cfg_hash: str,
-                 checkpoint: Path | None):
+                 checkpoint: Path | None, validation: list[Prepared] | None = None):
         self.fused, self.fuser, self.data, self.train, self.hash, self.ckpt = fused, fuser, data, train, cfg_hash, checkpoint
+        self.validation = validation or []
+        if train.eval_every is not None and not self.validation:
+            raise FusionLabError(f"TrainConfig eval_every={train.eval_every} needs validation chunks: pass "
+                                 "validation= to train_fuser (documents disjoint from training and evaluation).")
         self._calibrate()
         self.params = [p for p in fuser.parameters() if p.requires_grad]
         self.gate_params = [p for p in self.params if p is fuser.gate]
         self.rest = [p for p in self.params if p is not fuser.gate]
         self.opt = torch.optim.AdamW(self.params, lr=train.lr, weight_decay=train.weight_decay)
         self.step, self.tokens, self.rows = 0, 0, []
+        self.evals: list[dict[str, Any]] = []
+        """Validation passes: step (updates done), val_loss, val_master (the master alone), val_gain."""
+        self.best: dict[str, Any] | None = None
+        """The lowest validation loss so far: its step, loss and the fuser's state at that step."""
+        self.stopped_early = False
 
     def _calibrate(self) -> None:
         """Residual input scales and the noise control's statistics, from the training data (no gradient)."""
@@ -83,7 +98,8 @@ class Loop:
         tmp = self.ckpt.with_suffix(".partial")
         torch.save({"hash": self.hash, "step": self.step, "tokens": self.tokens, "rows": self.rows,
                     "fuser": self.fuser.state_dict(), "opt": self.opt.state_dict(),
-                    "noise_rng": self.fuser._noise.get_state()}, tmp)
+                    "noise_rng": self.fuser._noise.get_state(), "torch_rng": torch.get_rng_state(),
+                    "evals": self.evals, "best": self.best}, tmp)
         tmp.replace(self.ckpt)
 
     def _resume(self) -> None:
@@ -102,6 +118,9 @@ class Loop:
         self.opt.load_state_dict(state["opt"])
         self.fuser._noise.set_state(state["noise_rng"])
         self.step, self.tokens, self.rows = state["step"], state["tokens"], state["rows"]
+        self.evals, self.best = state.get("evals", []), state.get("best")
+        if "torch_rng" in state:  # dropout draws from torch's global generator
+            torch.set_rng_state(state["torch_rng"])
 
     def _done(self, t0: float) -> bool:
         t = self.train
@@ -111,12 +130,37 @@ class Loop:
     def master_loss(self, i: int) -> float:
         """The master's own loss on chunk i (no slots): what the fused model starts at; computed once."""
         if i not in self._master:
-            p = self.data[i]
-            pos = torch.arange(p.start, p.start + p.ids.shape[1]).view(1, -1)
             with torch.no_grad():
-                logits = self.fused.master.model(input_ids=p.ids, position_ids=pos, use_cache=False).logits
-            self._master[i] = float(F.cross_entropy(logits[0, :-1].float(), p.ids[0, 1:]))
+                self._master[i] = self._own_loss(self.data[i])
         return self._master[i]
+
+    @torch.no_grad()
+    def validate(self) -> dict[str, Any]:
+        """Mean loss over the validation chunks now, and the master's own (computed once); a new lowest loss keeps
+        the fuser's state as the best."""
+        self.fuser.eval()
+        noise = self.fuser._noise.get_state()  # the noise control's training stream must not see validation draws
+        loss = float(np.mean([float(loss_of(self.fused, self.fuser, p)) for p in self.validation]))
+        self.fuser._noise.set_state(noise)
+        if not hasattr(self, "_val_master"):
+            self._val_master = float(np.mean([self._own_loss(p) for p in self.validation]))
+        row = {"step": self.step, "val_loss": loss, "val_master": self._val_master, "val_gain": self._val_master - loss}
+        self.evals.append(row)
+        if self.best is None or loss < self.best["val_loss"]:
+            self.best = {"step": self.step, "val_loss": loss,
+                         "state": {k: t.detach().clone() for k, t in self.fuser.state_dict().items()}}
+        return row
+
+    def _patience_spent(self) -> bool:
+        """`patience` validation passes in a row without a new best."""
+        t = self.train
+        return t.patience is not None and self.best is not None and \
+            sum(1 for e in self.evals if e["step"] > self.best["step"]) >= t.patience
+
+    def _own_loss(self, p: Prepared) -> float:
+        pos = torch.arange(p.start, p.start + p.ids.shape[1]).view(1, -1)
+        logits = self.fused.master.model(input_ids=p.ids, position_ids=pos, use_cache=False).logits
+        return float(F.cross_entropy(logits[0, :-1].float(), p.ids[0, 1:]))
 
     def _clip(self) -> float:
         return clip_gradients(self.gate_params, self.rest, self.train.clip)
@@ -128,7 +172,14 @@ class Loop:
         t0 = time.perf_counter()
         run_f = run_m = None
         n = len(self.data)
+        every = self.train.eval_every
         while not self._done(t0):
+            if every is not None and self.step % every == 0 and not any(e["step"] == self.step for e in self.evals):
+                self.validate()
+                if self._patience_spent():
+                    self.stopped_early = True
+                    break
+            self.fuser.train()
             i = int(self._order(self.step // n)[self.step % n])
             p = self.data[i]
             for g in self.opt.param_groups:
@@ -160,5 +211,19 @@ class Loop:
             on_step(int(p.ids.shape[1]), value)
             if self.step % self.train.checkpoint_every == 0:
                 self._save()
+        if every is not None and not any(e["step"] == self.step for e in self.evals):
+            self.validate()  # the final state is a candidate too
         self._save()
-        return pd.DataFrame(self.rows)
+        self.fuser.eval()
+        if self.best is not None:  # keep the fuser the validation set preferred (the start, if nothing beat it)
+            self.fuser.load_state_dict(self.best["state"])
+        return self.history()
+
+    def history(self) -> pd.DataFrame:
+        """One row per step (training loss, gain, ...) with the validation columns on the steps they were measured
+        at (the state after `step` updates; the final state gets a row of its own)."""
+        rows = pd.DataFrame(self.rows)
+        if not self.evals:
+            return rows
+        ev = pd.DataFrame(self.evals)
+        return rows.merge(ev, on="step", how="outer").sort_values("step", ignore_index=True) if len(rows) else ev

@@ -26,6 +26,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from ..engine import checks
 from ..errors import FusionLabError
 from ..engine.determinism import fixed_threads
 from ..engine.fit import fit_lstsq
@@ -55,18 +56,31 @@ class TrainConfig:
     checkpoint_every: int = 20
     diverge_factor: float = 2.0
     """Stop when the running loss exceeds this multiple of the master's own running loss on the same chunks."""
+    eval_every: int | None = None
+    """Steps between validation passes (needs `validation=` chunks; None: no validation). The fuser kept at the end
+    is the one with the lowest validation loss, the untrained start (= the master) included."""
+    patience: int | None = None
+    """Stop after this many validation passes without a new best (None: run the whole budget)."""
 
     def __post_init__(self) -> None:
-        if self.task not in TASKS:
-            raise FusionLabError(f"TrainConfig task={self.task!r}; use one of {TASKS}.")
-        for name in ("max_tokens", "max_seconds"):
-            v = getattr(self, name)
-            if v is not None and not v > 0:
-                raise FusionLabError(f"TrainConfig {name} must be > 0 (or None), got {v!r}.")
+        checks.choice("TrainConfig task", self.task, TASKS)
+        checks.number("TrainConfig lr", self.lr, 0, low_open=True)
+        checks.integer("TrainConfig warmup", self.warmup, 0)
+        checks.number("TrainConfig weight_decay", self.weight_decay, 0)
+        checks.number("TrainConfig clip", self.clip, 0, low_open=True)
+        checks.number("TrainConfig diverge_factor", self.diverge_factor, 1, low_open=True)
+        checks.integer("TrainConfig seed", self.seed, 0)
+        checks.integer("TrainConfig checkpoint_every", self.checkpoint_every, 1)
+        for name, low in (("max_tokens", 1), ("threads", 1), ("eval_every", 1), ("patience", 1)):
+            if getattr(self, name) is not None:
+                checks.integer(f"TrainConfig {name}", getattr(self, name), low)
+        if self.max_seconds is not None:
+            checks.number("TrainConfig max_seconds", self.max_seconds, 0, low_open=True)
         if self.max_tokens is None and self.max_seconds is None:
             raise FusionLabError("TrainConfig needs a budget: max_tokens, max_seconds, or both.")
-        if not self.lr > 0 or not math.isfinite(self.lr):
-            raise FusionLabError(f"TrainConfig lr must be a positive number, got {self.lr!r}.")
+        if self.patience is not None and self.eval_every is None:
+            raise FusionLabError(f"TrainConfig patience={self.patience} needs eval_every (validation passes to be "
+                                 "patient over); set eval_every, e.g. 10.")
 
 
 @dataclass
@@ -102,9 +116,18 @@ def config_hash(fuser: LearnedFuser, train: TrainConfig, chunks: list[TrainChunk
 
 def train_fuser(master: LM, slave: LM, chunks: list[TrainChunk], config: FuserConfig = FuserConfig(),
                 train: TrainConfig = TrainConfig(), projector: LstsqProjector | None = None,
-                checkpoint: str | Path | None = None, progress: bool = True) -> TrainResult:
-    """Train a fuser (its warm start: `projector`, else a fresh fl.fit_lstsq) and return it with its loss curve."""
+                checkpoint: str | Path | None = None, progress: bool = True,
+                validation: list[TrainChunk] | None = None) -> TrainResult:
+    """Train a fuser (its warm start: `projector`, else a fresh fl.fit_lstsq) and return it with its loss curve.
+    `validation`: chunks of documents disjoint from `chunks` (and from any evaluation), scored every
+    `train.eval_every` steps; the fuser returned is the one that scored best there."""
     check_chunks(chunks, train.task)
+    if validation:
+        check_chunks(validation, train.task)
+        shared = {c.doc for c in chunks if c.doc} & {c.doc for c in validation if c.doc}
+        if shared:
+            raise FusionLabError(f"validation chunks come from training documents {sorted(shared)[:3]}: split by "
+                                 "document (nb07_corpora's 'validation' split), never by window.")
     if train.task == "offload" and config.mode != "concat":
         raise FusionLabError("task='offload' needs FuserConfig(mode='concat'): the master has no own keys at the "
                              "context's positions for blend to edit.")
@@ -117,16 +140,28 @@ def train_fuser(master: LM, slave: LM, chunks: list[TrainChunk], config: FuserCo
             n = len(chunks)
             reads = document_derangement(chunks, train.seed) if config.input == "shuffled" else list(range(n))
             data = prepare(fused, chunks, train.task, reads)
-            loop = Loop(fused, fuser, data, train, config_hash(fuser, train, chunks),
-                        Path(checkpoint) if checkpoint else None)
+            held = None
+            if validation:
+                v_reads = (document_derangement(validation, train.seed) if config.input == "shuffled"
+                           else list(range(len(validation))))
+                held = prepare(fused, validation, train.task, v_reads)
+            loop = Loop(fused, fuser, data, train, config_hash(fuser, train, chunks + list(validation or [])),
+                        Path(checkpoint) if checkpoint else None, held)
             with tqdm(desc=f"train {slave.name}->{master.name} ({config.mode}, {config.input})", disable=not progress,
                       total=train.max_tokens) as bar:
                 history = loop.run(lambda tok, loss: (bar.update(tok), bar.set_postfix(loss=f"{loss:.3f}")))
-    manifest = {"train": asdict(train), "config": asdict(config), "steps": int(history["step"].max()) + 1
-                if len(history) else 0, "tokens": int(history["tokens"].max()) if len(history) else 0,
-                "seconds": float(history["seconds"].max()) if len(history) else 0.0,
-                "start_loss": float(history["loss"].iloc[0]) if len(history) else None,
-                "end_gain_mean20": float(history["gain"].tail(20).mean()) if len(history) else None,
-                "chunks": n, "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "torch": torch.__version__}
+    steps = history["loss"].notna() if "loss" in history else pd.Series([], dtype=bool)
+    trained = history[steps]
+    manifest = {"train": asdict(train), "config": asdict(config), "steps": len(trained),
+                "tokens": int(trained["tokens"].max()) if len(trained) else 0,
+                "seconds": float(trained["seconds"].max()) if len(trained) else 0.0,
+                "start_loss": float(trained["loss"].iloc[0]) if len(trained) else None,
+                "end_gain_mean20": float(trained["gain"].tail(20).mean()) if len(trained) else None,
+                "chunks": n, "validation_chunks": len(validation or []),
+                "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "torch": torch.__version__}
+    if loop.best is not None:
+        manifest.update(best_step=loop.best["step"], best_val_loss=loop.best["val_loss"],
+                        val_master=loop.evals[0]["val_master"], best_val_gain=loop.evals[0]["val_master"] -
+                        loop.best["val_loss"], stopped_early=loop.stopped_early)
     fuser.meta["training"] = manifest
     return TrainResult(fuser, history, manifest)

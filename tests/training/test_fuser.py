@@ -159,7 +159,7 @@ def test_bad_training_inputs_and_divergence(tiny, tmp_path, monkeypatch):
         train_fuser(m, s, [], projector=proj)
     with pytest.raises(FusionLabError, match="chunk 0 is empty or too short"):
         train_fuser(m, s, [TrainChunk("hi")], projector=proj)
-    with pytest.raises(FusionLabError, match="max_tokens must be > 0"):
+    with pytest.raises(FusionLabError, match="max_tokens must be >= 1"):
         TrainConfig(max_tokens=0)
     with pytest.raises(FusionLabError, match="needs a budget"):
         TrainConfig(max_tokens=None)
