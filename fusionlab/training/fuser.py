@@ -36,6 +36,8 @@ from ..engine.projector import LstsqProjector, Projector, read_safetensors, regi
 from ..errors import FusionLabError
 
 MODES, KINDS, INPUTS = ("blend", "concat"), ("linear", "mlp"), ("slave", "shuffled", "noise", "constant")
+OPENINGS = ("zero", "log")
+"""How a concat fuser's gate g and key scale s are parametrised (see `FuserConfig.opening`)."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,16 @@ class FuserConfig:
     seed: int = 0
     dropout: float = 0.0
     """Dropout on the residual's input while training (a regulariser; inference never drops)."""
+    opening: str = "zero"
+    """concat only. 'zero': g >= 0 and s start at exactly 0, so the start *is* the master; but s gets no gradient
+    until g opens, and g opens only if flat slots help at first order (notebook 07's offload fusers ended at
+    g <= 0.06, |s| <= 0.07: slots that cannot carry content). 'log': g = exp(a), s = s0 * exp(b), a starting at
+    `log_gate`, b at 0, s0 calibrated per layer so the slots' keys have the RMS of the master's own keys on the
+    training contexts (an exact copy's slots then score like the master's own keys). Adam moves a and b by about lr
+    per step whatever the gradient's size, so both learn from step one; the start is *not* the master: its distance
+    is the first validation pass's gain, reported."""
+    log_gate: float = -2.0
+    """opening='log': the gate's start, log g (-2: g = 0.14)."""
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("mode", self.mode, MODES), ("kind", self.kind, KINDS),
@@ -63,6 +75,11 @@ class FuserConfig:
         checks.flag("FuserConfig per_head", self.per_head)
         checks.integer("FuserConfig seed", self.seed, 0)
         checks.number("FuserConfig dropout", self.dropout, 0, 0.9)
+        checks.choice("FuserConfig opening", self.opening, OPENINGS)
+        checks.number("FuserConfig log_gate", self.log_gate, -20.0, 5.0)
+        if self.opening == "log" and self.mode != "concat":
+            raise FusionLabError("FuserConfig opening='log' parametrises a concat gate; blend has none: use "
+                                 "mode='concat' or opening='zero'.")
 
 
 class Residual(nn.Module):
@@ -104,9 +121,13 @@ class LearnedFuser(nn.Module, Projector):
             self.res = nn.ModuleDict({f"{kind}{i}": Residual(feats, config.width, config.kind, g, config.dropout)
                                       for i in self.layers for kind in "kv"})
         self.head_w = nn.Parameter(torch.ones(n, 2, h), requires_grad=config.per_head and config.input != "constant")
-        self.gate = nn.Parameter(torch.zeros(n), requires_grad=config.mode == "concat")
+        log = config.opening == "log"
+        self.gate = nn.Parameter(torch.full((n,), config.log_gate) if log else torch.zeros(n),
+                                 requires_grad=config.mode == "concat")
         if config.mode == "concat":
-            self.key_scale = nn.Parameter(torch.zeros(n))
+            self.key_scale = nn.Parameter(torch.zeros(n))  # 'log': b in s = s0 * exp(b)
+            if log:  # s0, set by the training loop's calibration ('zero' files have none: fingerprints unchanged)
+                self.register_buffer("key_scale0", torch.ones(n))
         self._noise = torch.Generator().manual_seed(config.seed + 1)
         self.eval()  # inference mode by default (no dropout); the training loop switches it while it steps
 
@@ -122,15 +143,24 @@ class LearnedFuser(nn.Module, Projector):
         """The engine's gate per layer: the learned g (concat), or 1 (blend: the residual carries its own scale)."""
         if self.config.mode == "blend":
             return {i: 1.0 for i in self.layers}
-        return {i: float(g) for i, g in zip(self.layers, self.gate.detach().clamp(min=0))}
+        return {i: float(self.gate_tensor(i).detach()) for i in self.layers}
 
     def gate_tensor(self, layer: int) -> torch.Tensor:
-        return self.gate[self.layers.index(layer)].clamp(min=0) if self.config.mode == "concat" else \
-            torch.ones((), device=self.gate.device)
+        """The gate g of one master layer (differentiable): a clamped g ('zero') or exp(a) ('log'); 1 for blend."""
+        if self.config.mode != "concat":
+            return torch.ones((), device=self.gate.device)
+        a = self.gate[self.layers.index(layer)]
+        return a.exp() if self.config.opening == "log" else a.clamp(min=0)
+
+    def key_scale_tensor(self, li: int) -> torch.Tensor:
+        """The key scale s of the li-th mapped layer: b ('zero') or s0 * exp(b) ('log')."""
+        b = self.key_scale[li]
+        return self.key_scale0[li] * b.exp() if self.config.opening == "log" else b
 
     def clamp_gates_(self) -> None:
-        with torch.no_grad():
-            self.gate.clamp_(min=0)
+        if self.config.opening == "zero":
+            with torch.no_grad():
+                self.gate.clamp_(min=0)
 
     def _flat(self, w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         b, h, t, d = x.shape
@@ -158,7 +188,7 @@ class LearnedFuser(nn.Module, Projector):
             r = r * self.head_w[li, j][None, None, :, None]
             y = r if self.config.mode == "blend" else z + r
             if self.config.mode == "concat" and kind == "k":
-                y = self.key_scale[li] * y
+                y = self.key_scale_tensor(li) * y
             out.append(y.transpose(1, 2))  # (B, H_m, T, D_m)
         return out[0], out[1]
 

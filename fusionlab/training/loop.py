@@ -29,9 +29,14 @@ import torch
 import torch.nn.functional as F
 
 from ..engine.fuse import FusedModel
+from ..engine.kv_capture import capture_kv
 from ..errors import FusionLabError
 from .chunks import Prepared, loss_of
 from .fuser import LearnedFuser
+
+
+def _rms(x: torch.Tensor) -> torch.Tensor:
+    return x.float().pow(2).mean().sqrt()
 
 
 class TrainingDiverged(FusionLabError):
@@ -62,7 +67,11 @@ class Loop:
         self.params = [p for p in fuser.parameters() if p.requires_grad]
         self.gate_params = [p for p in self.params if p is fuser.gate]
         self.rest = [p for p in self.params if p is not fuser.gate]
-        self.opt = torch.optim.AdamW(self.params, lr=train.lr, weight_decay=train.weight_decay)
+        opening = [p for p in self.params if p is fuser.gate or p is getattr(fuser, "key_scale", None)]
+        others = [p for p in self.params if all(p is not q for q in opening)]
+        scale = (train.gate_lr or train.lr) / train.lr  # the gate and key scale may learn faster than the rest
+        groups = [{"params": others, "scale": 1.0}] + ([{"params": opening, "scale": scale}] if opening else [])
+        self.opt = torch.optim.AdamW(groups, lr=train.lr, weight_decay=train.weight_decay)
         self.step, self.tokens, self.rows = 0, 0, []
         self.evals: list[dict[str, Any]] = []
         """Validation passes: step (updates done), val_loss, val_master (the master alone), val_gain."""
@@ -84,6 +93,16 @@ class Loop:
                     w = getattr(f, f"base_{kind}{i}")
                     z = xs @ w[:-1] + w[-1]
                     getattr(f, f"scale_{kind}{i}").copy_(z.std(0).clamp_min(1e-6))
+                    if kind == "k" and f.config.opening == "log":
+                        f.key_scale0[f.layers.index(i)] = _rms(self._own_keys(i)) / _rms(z).clamp_min(1e-9)
+
+    def _own_keys(self, layer: int) -> torch.Tensor:
+        """The master's own pre-RoPE keys at one layer over the training texts, (N, F_m) (computed once)."""
+        if not hasattr(self, "_keys"):
+            caps = [capture_kv(self.fused.master, p.ids, self.fuser.layers) for p in self.data]
+            self._keys = {i: torch.cat([c.keys[i][0].transpose(0, 1).reshape(c.keys[i].shape[2], -1) for c in caps])
+                          for i in self.fuser.layers}
+        return self._keys[layer]
 
     def _lr(self) -> float:
         return self.train.lr * min(1.0, (self.step + 1) / max(self.train.warmup, 1))
@@ -183,7 +202,7 @@ class Loop:
             i = int(self._order(self.step // n)[self.step % n])
             p = self.data[i]
             for g in self.opt.param_groups:
-                g["lr"] = self._lr()
+                g["lr"] = self._lr() * g["scale"]
             loss = loss_of(self.fused, self.fuser, p)
             value, base = float(loss.detach()), self.master_loss(i)
             run_f = value if run_f is None else 0.9 * run_f + 0.1 * value
@@ -206,7 +225,7 @@ class Loop:
             self.rows.append({"step": self.step, "chunk": i, "tokens": self.tokens, "loss": value,
                               "master_loss": base, "gain": base - value, "lr": self._lr(), "grad_norm": norm,
                               "seconds": self._elapsed0 + time.perf_counter() - t0,
-                              "gate_mean": float(self.fuser.gate.detach().clamp(min=0).mean())})
+                              "gate_mean": float(np.mean(list(self.fuser.learned_gates().values())))})
             self.step += 1
             on_step(int(p.ids.shape[1]), value)
             if self.step % self.train.checkpoint_every == 0:

@@ -61,6 +61,9 @@ class TrainConfig:
     is the one with the lowest validation loss, the untrained start (= the master) included."""
     patience: int | None = None
     """Stop after this many validation passes without a new best (None: run the whole budget)."""
+    gate_lr: float | None = None
+    """Learning rate of a concat fuser's gate and key scale (None: lr). With FuserConfig(opening='log') Adam moves
+    log g by about this much per step: 2e-2 lets a gate change e-fold in 50 steps."""
 
     def __post_init__(self) -> None:
         checks.choice("TrainConfig task", self.task, TASKS)
@@ -74,6 +77,8 @@ class TrainConfig:
         for name, low in (("max_tokens", 1), ("threads", 1), ("eval_every", 1), ("patience", 1)):
             if getattr(self, name) is not None:
                 checks.integer(f"TrainConfig {name}", getattr(self, name), low)
+        if self.gate_lr is not None:
+            checks.number("TrainConfig gate_lr", self.gate_lr, 0, low_open=True)
         if self.max_seconds is not None:
             checks.number("TrainConfig max_seconds", self.max_seconds, 0, low_open=True)
         if self.max_tokens is None and self.max_seconds is None:
