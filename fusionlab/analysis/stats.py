@@ -7,6 +7,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ..errors import FusionLabError
+
 
 def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
     """95% Wilson score interval of a proportion; (0, 1) when n == 0."""
@@ -26,6 +28,27 @@ def bootstrap_ci(values: Sequence[float], stat: Callable[[np.ndarray], float] = 
         return float("nan"), float("nan")
     rng = np.random.default_rng(seed)
     stats = [stat(x[rng.integers(0, x.size, x.size)]) for _ in range(n_boot)]
+    lo, hi = np.quantile(stats, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(lo), float(hi)
+
+
+def cluster_bootstrap_ci(values: Sequence[float], clusters: Sequence[Any], n_boot: int = 2000, seed: int = 0,
+                         level: float = 0.95) -> tuple[float, float]:
+    """Percentile CI of the mean resampling whole clusters (documents), not the values (chunks): chunks of one file
+    are not independent, and a chunk bootstrap over a handful of files is too narrow. The mean of a draw is over
+    the chunks it holds (a big document weighs as many chunks as it has)."""
+    x = np.asarray(values, dtype=float)
+    if x.size == 0:
+        return float("nan"), float("nan")
+    labels = np.asarray([str(c) for c in clusters])
+    if labels.shape != x.shape:
+        raise FusionLabError(f"cluster_bootstrap_ci: {x.size} values but {labels.size} cluster labels; give one "
+                             "document label per value.")
+    names, inverse = np.unique(labels, return_inverse=True)
+    sums, counts = np.bincount(inverse, weights=x), np.bincount(inverse).astype(float)
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, len(names), (n_boot, len(names)))
+    stats = sums[draws].sum(1) / counts[draws].sum(1)
     lo, hi = np.quantile(stats, [(1 - level) / 2, 1 - (1 - level) / 2])
     return float(lo), float(hi)
 

@@ -35,7 +35,7 @@ class Doc:
     name: str
     text: str
     split: str
-    """'train' or 'heldout'."""
+    """'train', 'validation' (early stopping only), 'heldout' or 'evaluation' (listed, never used)."""
 
     @property
     def sha256(self) -> str:
@@ -43,8 +43,10 @@ class Doc:
 
 
 def _split(name: str, every: int = 5) -> str:
-    """A stable split by name: about one in `every` is held out."""
-    return "heldout" if int(hashlib.sha256(name.encode()).hexdigest(), 16) % every == 0 else "train"
+    """A stable split by name: about one in `every` is held out, another one in `every` is validation (the
+    training loop's early stopping reads it; never an evaluation), the rest is training."""
+    r = int(hashlib.sha256(name.encode()).hexdigest(), 16) % every
+    return "heldout" if r == 0 else ("validation" if r == 1 else "train")
 
 
 def code_docs(max_bytes: int = 60_000) -> list[Doc]:
@@ -71,11 +73,11 @@ def english_docs() -> list[Doc]:
 
 
 def chinese_docs() -> list[Doc]:
-    """Our essays (the last two held out), plus our NIAH haystack as held-out text: evaluations may read it, so it
+    """Our essays (the last two held out, the one before them validation), plus our NIAH haystack as held-out text: evaluations may read it, so it
     is never trained on, but scoring a fuser's loss on it is an evaluation too."""
     files = sorted(asset("train", "zh").glob("*.txt"))
-    docs = [Doc("chinese", p.name, p.read_text(encoding="utf-8"), "heldout" if p.stem >= "07" else "train")
-            for p in files]
+    split = lambda stem: "heldout" if stem >= "07" else ("validation" if stem >= "06" else "train")  # noqa: E731
+    docs = [Doc("chinese", p.name, p.read_text(encoding="utf-8"), split(p.stem)) for p in files]
     return docs + [Doc("chinese", "haystack/zh.txt", asset("haystack", "zh.txt").read_text(encoding="utf-8"),
                        "heldout")]
 
@@ -89,7 +91,7 @@ def manifest(docs: list[Doc]) -> dict[str, Any]:
     out: dict[str, Any] = {"python": sys.version.split()[0], "eval_chars": EVAL_CHARS}
     for d in DOMAINS:
         out[d] = {s: [[x.name, x.sha256[:16]] for x in docs if x.domain == d and x.split == s]
-                  for s in ("train", "heldout", "evaluation")}
+                  for s in ("train", "validation", "heldout", "evaluation")}
     return out
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..analysis.stats import bootstrap_ci
+from ..analysis.stats import cluster_bootstrap_ci
 from ..engine.fuse import fuse
 from ..training.fuser import FuserConfig, LearnedFuser, match_table
 from ..engine.kv_capture import capture_kv
@@ -161,27 +161,30 @@ def nll_table(master: LM, evaluated: list[Evaluated], chunks: dict[str, list[Tra
     rows = []
     for e in tqdm(evaluated, desc=f"held-out NLL ({task})", leave=False):
         for domain, chs in chunks.items():
-            for k, v in enumerate(chunk_nll(master, e, chs, task)):
-                rows.append({"setting": e.name, "role": e.role, "domain": domain, "chunk": k, "nll": v})
+            for k, (ch, v) in enumerate(zip(chs, chunk_nll(master, e, chs, task))):
+                rows.append({"setting": e.name, "role": e.role, "domain": domain, "chunk": k,
+                             "doc": ch.doc or f"{domain}/{k}", "nll": v})
     return pd.DataFrame(rows)
 
 
 def paired_gain(nll: pd.DataFrame, baseline: str) -> pd.DataFrame:
-    """Per setting and domain: mean NLL change vs `baseline` (negative = better), paired bootstrap 95% CI."""
-    wide = nll.pivot_table(index=["domain", "chunk"], columns="setting", values="nll")
+    """Per setting and domain: mean NLL change vs `baseline` (negative = better) over chunks, with a paired 95 % CI
+    that resamples *documents* (chunks of one file are not independent; tables without a `doc` column fall back to
+    one document per chunk). `n` chunks, `docs` documents."""
+    if "doc" not in nll:
+        nll = nll.assign(doc=nll["domain"] + "/" + nll["chunk"].astype(str))
+    wide = nll.pivot_table(index=["domain", "doc", "chunk"], columns="setting", values="nll")
     rows = []
     for s in wide.columns:
         if s == baseline:
             continue
-        for domain, g in wide.groupby(level="domain"):
-            d = (g[s] - g[baseline]).dropna().to_numpy()
-            lo, hi = bootstrap_ci(d)
-            rows.append({"setting": s, "vs": baseline, "domain": domain, "n": len(d), "delta": float(d.mean()),
-                         "lo": lo, "hi": hi})
-        d = (wide[s] - wide[baseline]).dropna().to_numpy()
-        lo, hi = bootstrap_ci(d)
-        rows.append({"setting": s, "vs": baseline, "domain": "all", "n": len(d), "delta": float(d.mean()),
-                     "lo": lo, "hi": hi})
+        parts = [(domain, g) for domain, g in wide.groupby(level="domain")] + [("all", wide)]
+        for domain, g in parts:
+            d = (g[s] - g[baseline]).dropna()
+            docs = d.index.get_level_values("doc")
+            lo, hi = cluster_bootstrap_ci(d.to_numpy(), docs)
+            rows.append({"setting": s, "vs": baseline, "domain": domain, "n": len(d), "docs": docs.nunique(),
+                         "delta": float(d.mean()) if len(d) else float("nan"), "lo": lo, "hi": hi})
     return pd.DataFrame(rows)
 
 
@@ -208,16 +211,20 @@ def edit_size(fuser: LearnedFuser, master: LM, slave: LM, chunks: list[TrainChun
 
 def nll_transfer(nll: pd.DataFrame, floor: str, skyline: str, setting: str, n_boot: int = 2000,
                  seed: int = 0) -> dict[str, Any]:
-    """Offload on held-out text: (floor - fused) / (floor - skyline) of the mean NLL, paired bootstrap over chunks."""
-    wide = nll.pivot_table(index=["domain", "chunk"], columns="setting", values="nll")[[floor, skyline, setting]]
-    wide = wide.dropna()
-    f, k, s = (wide[c].to_numpy() for c in (floor, skyline, setting))
-    rate = lambda i: (f[i].mean() - s[i].mean()) / (f[i].mean() - k[i].mean())  # noqa: E731
+    """Offload on held-out text: (floor - fused) / (floor - skyline) of the mean NLL, paired bootstrap over
+    documents (whole files resampled with their chunks; one document per chunk without a `doc` column)."""
+    if "doc" not in nll:
+        nll = nll.assign(doc=nll["domain"] + "/" + nll["chunk"].astype(str))
+    wide = nll.pivot_table(index=["domain", "doc", "chunk"], columns="setting", values="nll")[[floor, skyline, setting]]
+    by_doc = wide.dropna().groupby(level="doc")
+    f, k, s = (by_doc[c].sum().to_numpy() for c in (floor, skyline, setting))  # per-document sums: ratio of means
+    rate = lambda i: (f[i].sum() - s[i].sum()) / (f[i].sum() - k[i].sum())  # noqa: E731
     rng = np.random.default_rng(seed)
-    draws = np.array([rate(rng.integers(0, len(f), len(f))) for _ in range(n_boot)])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        draws = np.array([rate(rng.integers(0, len(f), len(f))) for _ in range(n_boot)])
     lo, hi = np.quantile(draws[np.isfinite(draws)], [0.025, 0.975])
-    return {"setting": setting, "n": len(f), "transfer": float(rate(np.arange(len(f)))), "lo": float(lo),
-            "hi": float(hi)}
+    return {"setting": setting, "n": int(by_doc.size().sum()), "docs": len(f), "transfer": float(rate(np.arange(len(f)))),
+            "lo": float(lo), "hi": float(hi)}
 
 
 def summary(runs: dict[tuple[str, str], tuple[Any, pd.DataFrame, str]]) -> pd.DataFrame:

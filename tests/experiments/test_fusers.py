@@ -18,11 +18,12 @@ TEXTS = ["The quick brown fox jumps over the lazy dog near the river bank.",
 
 def test_corpora_never_mix_splits_and_skip_the_evaluation_essays():
     docs = corpora.chinese_docs() + corpora.code_docs()
-    assert {d.split for d in docs} <= {"train", "heldout"}
+    assert {d.split for d in docs} == {"train", "validation", "heldout"}
     assert any(d.name == "haystack/zh.txt" and d.split == "heldout" for d in docs)  # evaluated on, never trained
     m = corpora.manifest(docs)
-    train = {n for n, _ in m["code"]["train"]}
-    assert train and train.isdisjoint({n for n, _ in m["code"]["heldout"]})
+    for domain in ("code", "chinese"):
+        train, val, held = ({n for n, _ in m[domain][s]} for s in ("train", "validation", "heldout"))
+        assert train and val and held and not (train & val or train & held or val & held)  # disjoint by document
     assert corpora._split("abc.py") == corpora._split("abc.py")
 
 
