@@ -105,17 +105,19 @@ def windows(tokenizer: Any, text: str, tokens: int) -> list[str]:
 
 
 def chunks(tokenizer: Any, docs: list[Doc], split: str, tokens: int = 256, per_domain: int | None = None,
-           task: str = "same") -> list[TrainChunk]:
+           task: str = "same", per_doc: int | None = None) -> list[TrainChunk]:
     """Chunks of one split, the domains interleaved (code, english, chinese, code, ...) so that any prefix of the
-    list is balanced; 'offload' pairs each window with the window before it as the slave's context."""
+    list is balanced; 'offload' pairs each window with the window before it as the slave's context. `per_doc`:
+    at most that many windows of each document (spread over many files rather than the first file's windows)."""
     by_domain = {}
     for d in DOMAINS:
         pieces: list[TrainChunk] = []
         for doc in (x for x in docs if x.domain == d and x.split == split):
             w = windows(tokenizer, doc.text, tokens)
             name = f"{doc.domain}/{doc.name}"  # controls read another document, never a window of this one
-            pieces += ([TrainChunk(w[k], context=w[k - 1], doc=name) for k in range(1, len(w))] if task == "offload"
-                       else [TrainChunk(x, doc=name) for x in w])
+            cut = ([TrainChunk(w[k], context=w[k - 1], doc=name) for k in range(1, len(w))] if task == "offload"
+                   else [TrainChunk(x, doc=name) for x in w])
+            pieces += cut[:per_doc] if per_doc else cut
         by_domain[d] = pieces[:per_domain] if per_domain else pieces
     out = []
     for k in range(max((len(v) for v in by_domain.values()), default=0)):

@@ -11,12 +11,19 @@ def plot_curves(histories: dict[str, pd.DataFrame], window: int = 10) -> Any:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.2))
-    for name, h in histories.items():
-        if len(h):
-            ax.plot(h["tokens"], h["gain"].rolling(window, min_periods=1).mean(), label=name, lw=1)
+    for k, (name, h) in enumerate(histories.items()):
+        if not len(h):
+            continue
+        steps = h[h["loss"].notna()] if "loss" in h else h
+        ax.plot(steps["tokens"], steps["gain"].rolling(window, min_periods=1).mean(), label=name, lw=1, color=f"C{k}")
+        if "val_gain" in h and h["val_gain"].notna().any():  # validation passes (other documents), same colour
+            v = h.assign(tokens=h["tokens"].ffill().fillna(0))
+            v = v[v["val_gain"].notna()]
+            ax.plot(v["tokens"], v["val_gain"], ls="--", marker="o", ms=3, lw=0.8, color=f"C{k}")
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xlabel("training tokens")
-    ax.set_ylabel(f"master loss - fused loss\n(training chunks, mean of {window})")
+    ax.set_ylabel(f"master loss - fused loss\n(training chunks, mean of {window};\n"
+                  "dashed: validation documents)")
     ax.legend(fontsize=5)
     fig.tight_layout()
     return fig

@@ -1,0 +1,40 @@
+"""The learned-fuser positive control: trained (validation by document, early stopping) and scored on held-out
+offload chunks on a tiny master's exact copy, reloaded the second time; its verdict rule on hand-made rows."""
+from __future__ import annotations
+
+import pytest
+
+from fusionlab.experiments import nb07_corpora as corpora, nb10_fuser_control as fc
+
+
+def test_the_control_trains_scores_and_reloads(tiny, monkeypatch, tmp_path):
+    monkeypatch.setattr(fc, "cache_dir", lambda: tmp_path)
+    m = tiny("tiny-qwen2")
+    p = fc.control_plan("quick")
+    p.openings = ["zero", "log"]
+    docs = corpora.code_docs()[:12] + corpora.english_docs()
+    nll, table, hist = fc.measure(m, p, docs)
+    assert table["opening"].tolist() == ["zero", "log"] and set(table["verdict"]) <= set(fc.VERDICTS)
+    assert (table["source"] == "trained now").all() and (table["docs"] >= 2).all()
+    assert {"floor (master alone)", "skyline (master reads it)", "noise:0 fuser (log), other document"} <= \
+        set(nll["setting"])
+    start = table.set_index("opening")["gate_start"]
+    assert start["zero"] == 0 and start["log"] == pytest.approx(0.1353, abs=1e-4)  # closed; exp(-2)
+    again = fc.measure(m, p, docs)[1]
+    assert (again["source"] == "cache").all() and again["transfer"].tolist() == table["transfer"].tolist()
+
+
+def row(**kw):
+    base = {"lo": 0.5, "hi": 0.9, "control_hi": 0.1, "vs_start_lo": -0.2, "vs_start_hi": -0.05}
+    return {**base, **kw}
+
+
+@pytest.mark.parametrize("kw, want", [
+    ({}, "opens and beats its start"),
+    ({"vs_start_lo": -0.1, "vs_start_hi": 0.05}, "keeps the channel"),
+    ({"lo": 0.0, "vs_start_lo": 0.05, "vs_start_hi": 0.3}, "closes the channel"),
+    ({"lo": 0.0, "vs_start_lo": -0.1, "vs_start_hi": 0.1}, "inconclusive"),
+    ({"lo": 0.0, "hi": 0.0, "control_hi": 0.0, "vs_start_lo": 0.0, "vs_start_hi": 0.0}, "inconclusive"),  # all zero
+])
+def test_control_verdicts(kw, want):
+    assert fc.control_verdict(row(**kw)) == want
