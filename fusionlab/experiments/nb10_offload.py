@@ -1,6 +1,6 @@
 """Context-offload accuracy over the ladder (notebook 10): the generation measure beside NLL transfer.
 
-Only the slave reads a document of real prose holding one synthetic fact (`synthetic_facts`: made-up places, codes,
+Only the slave reads a document of real prose holding one synthetic fact (`nb10_synthetic_facts`: made-up places, codes,
 numbers and names, so no model knows the answer in advance) and its distractor; the master answers the question.
 Per rung, with notebook 06's settings and scoring:
 
@@ -30,7 +30,7 @@ from . import nb06_offload as off
 from . import nb06_offload_stats as stats
 from .nb10_claims import rung_verdict
 from .nb10_transfer_map import LADDER, foreign_settings, rung_settings
-from .synthetic_facts import LANGS, facts
+from .nb10_synthetic_facts import LANGS, facts
 
 
 @dataclass

@@ -1,12 +1,14 @@
-"""The README's transfer-map block (notebook 10): one row per rung, rendered from the saved ladder table only, the
-verdicts from `nb10_claims`' rules on the same rows (never typed)."""
+"""The README's notebook-10 blocks: the transfer map (NLL, one row per rung), offload accuracy on synthetic facts and
+the learned-fuser positive control, rendered from the saved tables only, the verdicts from the rules on the same
+rows (never typed)."""
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
 from ..analysis.stats import interval
-from ..experiments.nb10_claims import nll_rung_verdict, relay_verdict
+from ..experiments.nb10_claims import nll_rung_verdict, relay_verdict, rung_verdict
+from ..experiments.nb10_fuser_control import control_verdict
 from ..experiments.nb10_crossing import sentence
 from .results import best_table
 
@@ -61,3 +63,53 @@ def _crossing(folder: Path | None) -> str:
     """Where the weight-noise curve halves (`nb10_crossing`), when the run saved it."""
     got = best_table("10_crossing", folder)
     return "" if got is None else f" Weight-noise rungs as one curve of KL: {sentence(got[0].iloc[0].to_dict())}."
+
+
+OFFLOAD_HEAD = ("| slave | floor | skyline | slave alone (ceiling) | offload | other document | transfer [95% CI] | "
+                "McNemar p vs control | verdict |")
+
+
+def _acc(r: dict, col: str) -> str:
+    return f"{r[col]:.0%} {interval(r[col + '_lo'], r[col + '_hi'], '.0%')}"
+
+
+def offload_ladder_markdown(folder: Path | None = None) -> str:
+    """Notebook 10's offload accuracy on synthetic facts, one row per rung (`nb10_offload.accuracy_table`), each
+    verdict from `nb10_claims.rung_verdict` on the same row."""
+    got = best_table("10_offload_ladder", folder)
+    if got is None:
+        return "_Not measured yet: run notebook 10._"
+    df, size = got
+    lines = [OFFLOAD_HEAD, "|" + "---|" * (OFFLOAD_HEAD.count("|") - 1)]
+    for r in df.to_dict("records"):
+        lines.append(f"| {r['slave']} | {_acc(r, 'floor')} | {_acc(r, 'skyline')} | {_acc(r, 'ceiling')} | "
+                     f"{_acc(r, 'offload')} | {_acc(r, 'control')} | {_cell(r, 'transfer', 'lo', 'hi')} | "
+                     f"{r['p_value']:.2g} | {rung_verdict(r)} |")
+    return "\n".join(lines) + (
+        f"\n\nfrom `data/results/10_offload_ladder.{size}.csv`: {int(df['n'].min())} items per setting (synthetic "
+        "facts, English and Chinese, one document each), Wilson 95 % CIs; transfer = (offload − floor) / (skyline − "
+        "floor), paired bootstrap over items; McNemar: offload against the slave reading another document.")
+
+
+CONTROL_HEAD = ("| rung | gate parametrisation | gate start → end | held-out transfer [95% CI] | lstsq start | "
+                "reading another document | NLL vs start (nats) [95% CI] | steps (best) | verdict |")
+
+
+def fuser_control_markdown(folder: Path | None = None) -> str:
+    """The learned-fuser positive control (`nb10_fuser_control`), one row per trained fuser, verdicts from its
+    `control_verdict` on the same row."""
+    got = best_table("10_fuser_control", folder)
+    if got is None:
+        return "_Not measured yet: run notebook 10._"
+    df, size = got
+    lines = [CONTROL_HEAD, "|" + "---|" * (CONTROL_HEAD.count("|") - 1)]
+    for r in df.to_dict("records"):
+        best = "-" if _missing(r.get("best_step")) else int(r["best_step"])
+        lines.append(f"| {r['rung']} | {r['opening']} | {r['gate_start']:.3f} → {r['gate_end']:.3f} | "
+                     f"{_cell(r, 'transfer', 'lo', 'hi')} | {r['start_transfer']:.2f} | "
+                     f"{r['control_transfer']:.2f} | {_cell(r, 'vs_start', 'vs_start_lo', 'vs_start_hi', '+.3f')} | "
+                     f"{int(r['steps'])} ({best}) | {control_verdict(r)} |")
+    return "\n".join(lines) + (
+        f"\n\nfrom `data/results/10_fuser_control.{size}.csv`: {int(df['n'].min())} held-out windows from "
+        f"{int(df['docs'].min())} documents (bootstrap over documents); the fuser kept is the best of its validation "
+        "passes (other documents), the untrained start included.")

@@ -9,7 +9,7 @@ import pytest
 from fusionlab.errors import FusionLabError
 from fusionlab.experiments import nb02_niah as niah, nb10_offload as lad
 from fusionlab.experiments.nb10_claims import RUNG_VERDICTS
-from fusionlab.experiments.synthetic_facts import TEMPLATES, facts
+from fusionlab.experiments.nb10_synthetic_facts import TEMPLATES, facts
 from fusionlab.paths import asset
 
 HAY = " ".join(f"Sentence number {i} talks about rivers, harbours and old maps of the town." for i in range(400))

@@ -189,3 +189,28 @@ def test_transfer_map_block_adds_the_crossing_when_saved(tmp_path):
     assert transfer_map_markdown(tmp_path).endswith(
         "Weight-noise rungs as one curve of KL: transfer falls to 50% of the gap at KL 2 nats/token [1.5, 2.5] "
         "(bootstrap over 30 documents; 99% of resamples cross within the ladder).")
+
+
+def test_offload_ladder_and_fuser_control_blocks_from_saved_tables(tmp_path):
+    from fusionlab.lab.readme_transfer_map import fuser_control_markdown, offload_ladder_markdown
+
+    assert offload_ladder_markdown(tmp_path).startswith("_Not measured yet")
+    assert fuser_control_markdown(tmp_path).startswith("_Not measured yet")
+    acc = {f"{c}{s}": v for c, v0 in (("floor", 0.0), ("skyline", 0.8), ("ceiling", 0.8), ("offload", 0.75),
+                                       ("control", 0.05)) for s, v in (("", v0), ("_lo", max(v0 - 0.1, 0)),
+                                                                        ("_hi", min(v0 + 0.1, 1)))}
+    pd.DataFrame([{"slave": "noise:0", "n": 40, **acc, "transfer": 0.94, "lo": 0.8, "hi": 1.0, "p_value": 1e-6,
+                   "acc_setting": 0.75, "acc_control": 0.05}]).to_csv(tmp_path / "10_offload_ladder.default.csv",
+                                                                     index=False)
+    rows = offload_ladder_markdown(tmp_path).splitlines()
+    assert rows[2] == ("| noise:0 | 0% [0%, 10%] | 80% [70%, 90%] | 80% [70%, 90%] | 75% [65%, 85%] | 5% [0%, 15%] | "
+                       "0.94 [0.80, 1.00] | 1e-06 | transfers |")
+    assert "40 items per setting" in rows[-1]
+    pd.DataFrame([{"rung": "noise:0", "opening": "log", "gate_start": 0.135, "gate_end": 0.5, "transfer": 0.9,
+                   "lo": 0.8, "hi": 1.0, "start_transfer": 0.8, "control_transfer": 0.0, "control_hi": 0.1,
+                   "vs_start": -0.1, "vs_start_lo": -0.2, "vs_start_hi": -0.05, "steps": 40, "best_step": 36,
+                   "n": 24, "docs": 13}]).to_csv(tmp_path / "10_fuser_control.default.csv", index=False)
+    rows = fuser_control_markdown(tmp_path).splitlines()
+    assert rows[2] == ("| noise:0 | log | 0.135 → 0.500 | 0.90 [0.80, 1.00] | 0.80 | 0.00 | -0.100 [-0.200, -0.050] | "
+                       "40 (36) | opens and beats its start |")
+    assert "24 held-out windows from 13 documents" in rows[-1]
