@@ -53,6 +53,12 @@ class FuserPlan:
     train: bool = False
     """Train where no committed fuser exists (else: say so and skip that setting)."""
     lr: float = 2e-3
+    eval_every: int | None = None
+    """Validation passes (chunks of the 'validation' documents) every this many steps when a run trains; the best
+    state is kept (None: no validation, the committed fusers' recipe)."""
+    patience: int | None = None
+    val_chunks: int = 4
+    """Validation chunks per domain (at most 2 per document)."""
 
 
 def plan(size: str) -> FuserPlan:
@@ -61,10 +67,11 @@ def plan(size: str) -> FuserPlan:
         return FuserPlan(slaves[:1], ["slave", "shuffled"], False, 512, 2, 3, 2, [512], [256], tokens=128, train=True,
                          sweep_gates=(0.3, 1.0))
     if size == "default":
-        return FuserPlan(slaves, list(VARIANTS), True, 8_000, 12, 16, 8, [1024], [256, 1024], train=True)
+        return FuserPlan(slaves, list(VARIANTS), True, 8_000, 12, 16, 8, [1024], [256, 1024], train=True,
+                         eval_every=8, patience=4)
     if size == "full":
         return FuserPlan(slaves, list(VARIANTS), True, 40_000, 32, None, 16, [1024, 2048, 4096], [256, 1024, 2048],
-                         train=True)
+                         train=True, eval_every=20, patience=5)
     raise FusionLabError(f"unknown run size {size!r}: use 'quick', 'default' or 'full'.")
 
 
@@ -105,8 +112,10 @@ def obtain(master: LM, slave: LM, proj: LstsqProjector, chunks: list[TrainChunk]
         return None, pd.DataFrame(), "missing"
     out = fuser_dir(size == "full")
     ck = cache_dir() / "fusers" / f"{name}.{p.budget_tokens}.ckpt"
+    validation = validation_chunks(master.tokenizer, corpora.documents(), p, task) if p.eval_every else None
     result = train_fuser(master, slave, chunks, cfg, TrainConfig(task=task, max_tokens=p.budget_tokens, lr=p.lr,
-                         threads=2), projector=proj, checkpoint=ck)
+                         threads=2, eval_every=p.eval_every, patience=p.patience), projector=proj, checkpoint=ck,
+                         validation=validation)
     path = result.fuser.save(out / f"{name}.safetensors", training={**result.manifest,
                                                                   "data": corpora.manifest(corpora.documents())})
     result.history.to_csv(path.with_suffix(".history.csv"), index=False)
@@ -248,3 +257,9 @@ def training_chunks(tokenizer: Any, docs: list[Any], p: FuserPlan, task: str) ->
     less than one epoch still sees code, English and Chinese alike (Chinese, the smallest, repeats)."""
     per = p.budget_tokens // p.tokens // 3 + 1
     return corpora.chunks(tokenizer, docs, "train", p.tokens, per_domain=per, task=task)
+
+
+def validation_chunks(tokenizer: Any, docs: list[Any], p: FuserPlan, task: str) -> list[TrainChunk]:
+    """The early-stopping set: chunks of the 'validation' documents (disjoint from training and held-out files), at
+    most 2 per document so that one long file cannot be the whole set."""
+    return corpora.chunks(tokenizer, docs, "validation", p.tokens, per_domain=p.val_chunks, task=task, per_doc=2)
