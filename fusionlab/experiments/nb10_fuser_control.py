@@ -3,16 +3,19 @@ fuser verdicts of notebook 07 lack.
 
 Notebook 07's offload fusers stayed closed (gate <= 0.06, key scale <= 0.07) on foreign slaves, and nobody could tell
 "nothing to carry" from "training cannot open this parametrisation". Here the same recipe trains on an exact copy of
-the master (the training-free channel carries everything) and on a partial rung (noise 10 %: two thirds), once per
-gate parametrisation (`FuserConfig.opening`: 'zero', the old one, and 'log'), with validation by document, early
-stopping and the best state kept. Scored on held-out offload chunks (the slave reads window k, the master only k+1):
+the master (the training-free channel carries everything) and on a partial rung (noise 10 %: two thirds of the NLL
+gap), warm-started from the rung's own training-free channel (a sibling shares the master's geometry: the identity
+map, written as an `lstsq` projector so the fuser's code path is notebook 07's), once per gate parametrisation
+(`FuserConfig.opening`: 'zero', the old one, and 'log'), plus a shuffled-pairing fuser (trained on another document's
+K/V: what training alone buys). Validation by document, early stopping, best state kept. Scored on held-out offload
+windows of many files (the slave reads window k, the master only k+1):
 
     floor      the master alone                 skyline    the master reads window k too
-    lstsq      the warm start, gate 1           fuser      the trained fuser
-    control    the trained fuser reading window k of *another document* (document derangement)
+    start      the rung's training-free channel (identity, gate 1)
+    fuser      each trained fuser, and the same fuser reading window k of *another document*
+    shuffled   the shuffled-pairing fuser reading the right document
 
-transfer = (floor - x) / (floor - skyline), bootstrap over documents. A fuser that can open should keep the copy's
-channel open (transfer near the lstsq start or above) and, on the partial rung, beat its warm start.
+transfer = (floor - x) / (floor - skyline), bootstrap over documents; `control_verdict` judges each fuser.
 """
 from __future__ import annotations
 
@@ -23,9 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import torch
 
-from ..engine.fit import fit_lstsq
 from ..engine.lm import LM
+from ..engine.projector import LstsqProjector
 from ..errors import FusionLabError
 from ..models.siblings import sibling, sibling_layer_map
 from ..paths import cache_dir, data_dir
@@ -71,8 +75,8 @@ def control_plan(size: str) -> ControlPlan:
     raise FusionLabError(f"unknown run size {size!r}: use 'quick', 'default' or 'full'.")
 
 
-def config_for(p: ControlPlan, opening: str) -> FuserConfig:
-    return FuserConfig(mode="concat", width=p.width, opening=opening)
+def config_for(p: ControlPlan, opening: str, source: str = "slave") -> FuserConfig:
+    return FuserConfig(mode="concat", width=p.width, opening=opening, input=source)
 
 
 def train_config(p: ControlPlan) -> TrainConfig:
@@ -92,16 +96,28 @@ def splits(tokenizer: Any, docs: list[corpora.Doc], p: ControlPlan) -> dict[str,
             "heldout": cut("heldout", p.eval_per_domain)}
 
 
-def fuser_path(master: LM, recipe: str, opening: str, p: ControlPlan) -> Path:
+def fuser_path(master: LM, recipe: str, opening: str, p: ControlPlan, source: str = "slave") -> Path:
     root = data_dir() / "fusers" if p.committed else cache_dir() / "fusers"
-    return root / f"{master.name}__{recipe.replace(':', '-')}__offload_{opening}_{p.budget_tokens}.safetensors"
+    return root / f"{master.name}__{recipe.replace(':', '-')}__offload_{opening}_{source}_{p.budget_tokens}.safetensors"
 
 
-def obtain(master: LM, sib: LM, recipe: str, opening: str, p: ControlPlan,
-           data: dict[str, list[TrainChunk]]) -> tuple[LearnedFuser, pd.DataFrame, str]:
-    """The trained fuser of one (rung, opening): reloaded when a finished run of this exact recipe exists (its
-    manifest's configs and both fingerprints match), else trained (resumable from its checkpoint) and saved."""
-    path, cfg, tc = fuser_path(master, recipe, opening, p), config_for(p, opening), train_config(p)
+def identity_start(master: LM, sib: LM) -> LstsqProjector:
+    """A sibling's training-free channel (its keys and values as they are, on its home layer map) as an `lstsq`
+    projector: W = [I; 0] per mapped layer, so a fuser warm-starts from what the rung already carries."""
+    home = sibling_layer_map(master, sib)
+    f = master.spec.kv_heads * master.spec.head_dim
+    eye = torch.cat([torch.eye(f), torch.zeros(1, f)])  # (F + 1, F): the last row is the bias
+    geo = lambda lm: {"name": lm.name, "fingerprint": lm.fingerprint, "kv_heads": lm.spec.kv_heads,  # noqa: E731
+                      "head_dim": lm.spec.head_dim}
+    meta = {"master": geo(master), "slave": geo(sib), "layer_map": home.to_dict(), "ridge": 0.0, "start": "identity"}
+    return LstsqProjector({f"{kind}.{i}": eye.clone() for i in home.pairs for kind in "kv"}, meta)
+
+
+def obtain(master: LM, sib: LM, recipe: str, opening: str, p: ControlPlan, data: dict[str, list[TrainChunk]],
+           source: str = "slave") -> tuple[LearnedFuser, pd.DataFrame, str]:
+    """The trained fuser of one (rung, opening, input): reloaded when a finished run of this exact recipe exists
+    (its manifest's configs and both fingerprints match), else trained (resumable from its checkpoint) and saved."""
+    path, cfg, tc = fuser_path(master, recipe, opening, p, source), config_for(p, opening, source), train_config(p)
     done = path.with_suffix(".done")
     if path.exists() and done.exists():
         f = LearnedFuser.load(path)
@@ -109,7 +125,7 @@ def obtain(master: LM, sib: LM, recipe: str, opening: str, p: ControlPlan,
         if (f.meta["master"]["fingerprint"], f.meta["slave"]["fingerprint"]) == (master.fingerprint, sib.fingerprint) \
                 and f.config == cfg and t.get("train") == json.loads(json.dumps(asdict(tc))):
             return f, pd.read_csv(path.with_suffix(".history.csv")), "committed" if p.committed else "cache"
-    proj = fit_lstsq(master, sib, sibling_layer_map(master, sib))
+    proj = identity_start(master, sib)
     ck = cache_dir() / "fusers" / f"{path.stem}.ckpt"
     r = train_fuser(master, sib, data["train"], cfg, tc, projector=proj, checkpoint=ck, validation=data["validation"])
     r.fuser.save(path, training={**r.manifest, "recipe": recipe})
@@ -119,52 +135,63 @@ def obtain(master: LM, sib: LM, recipe: str, opening: str, p: ControlPlan,
 
 
 def measure(master: LM, p: ControlPlan, docs: list[corpora.Doc]) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
-    """Every (rung, opening): trained or reloaded, then scored on the held-out chunks. Returns the per-chunk NLL
-    table, one summary row per fuser, and the training histories."""
+    """Every (rung, opening) fuser and each rung's shuffled-pairing fuser: trained or reloaded, then scored on the
+    held-out chunks. Returns the per-chunk NLL table, one summary row per slave-fed fuser, and the histories."""
     data = splits(master.tokenizer, docs, p)
     held = {d: [c for c in data["heldout"] if c.doc and c.doc.startswith(d + "/")] for d in p.domains}
     held = {d: v for d, v in held.items() if len({c.doc for c in v}) >= 2}  # a control needs another document
     if not held:
         raise FusionLabError("no domain has held-out chunks from 2 documents: lower ControlPlan.tokens.")
-    base = [fz.Evaluated("floor (master alone)", None, role="floor"),
-            fz.Evaluated("skyline (master reads it)", None, role="skyline")]
+    base = [fz.Evaluated(FLOOR, None, role="floor"), fz.Evaluated(SKYLINE, None, role="skyline")]
     tables, rows, histories = [fz.nll_table(master, base, held, "offload")], [], {}
     for recipe in p.rungs:
         sib = sibling(master, recipe)
-        proj = fit_lstsq(master, sib, sibling_layer_map(master, sib))
-        ev = [fz.Evaluated(f"{recipe} lstsq start (g=1)", proj, sib, mode="concat", role="lstsq")]
-        fusers = {}
+        start = f"{recipe} training-free (identity, g=1)"
+        ev = [fz.Evaluated(start, identity_start(master, sib), sib, mode="concat", role="start")]
+        trained = {}
         for opening in p.openings:
-            f, hist, source = obtain(master, sib, recipe, opening, p, data)
-            fusers[opening] = (f, hist, source)
-            histories[f"{recipe} {opening}"] = hist
+            trained[opening] = obtain(master, sib, recipe, opening, p, data)
             name = f"{recipe} fuser ({opening})"
-            ev += [fz.Evaluated(name, f, sib, mode="concat", role="fuser"),
-                   fz.Evaluated(f"{name}, other document", f, sib, mode="concat", reads="shuffled", role="control")]
-        nll = fz.nll_table(master, ev, held, "offload").assign(rung=recipe)
-        tables.append(nll)
-        both = pd.concat([tables[0], nll], ignore_index=True)
-        start = fz.nll_transfer(both, "floor (master alone)", "skyline (master reads it)", ev[0].name)
-        for opening, (f, hist, source) in fusers.items():
-            name = f"{recipe} fuser ({opening})"
-            tr = fz.nll_transfer(both, "floor (master alone)", "skyline (master reads it)", name)
-            ctrl = fz.nll_transfer(both, "floor (master alone)", "skyline (master reads it)", f"{name}, other document")
-            vs = fz.paired_gain(both[both["setting"].isin([name, ev[0].name])], ev[0].name)
-            vs = vs[vs["domain"] == "all"].iloc[0]
-            t = f.meta.get("training", {})
-            rows.append({"rung": recipe, "opening": opening, "source": source, "docs": tr["docs"], "n": tr["n"],
-                         "start_transfer": start["transfer"], "transfer": tr["transfer"], "lo": tr["lo"],
-                         "hi": tr["hi"], "control_transfer": ctrl["transfer"], "control_hi": ctrl["hi"],
-                         "vs_start": vs["delta"], "vs_start_lo": vs["lo"], "vs_start_hi": vs["hi"],
-                         "gate_start": _gate_start(f.config), "gate_end": float(sum(f.learned_gates().values()) /
-                                                                            len(f.layers)),
-                         "steps": t.get("steps"), "best_step": t.get("best_step"),
-                         "stopped_early": t.get("stopped_early"), "val_gain_start": _val_gain_start(hist),
-                         "best_val_gain": t.get("best_val_gain"), "seconds": t.get("seconds")})
+            ev += [fz.Evaluated(name, trained[opening][0], sib, mode="concat", role="fuser"),
+                   fz.Evaluated(f"{name}, other document", trained[opening][0], sib, mode="concat", reads="shuffled",
+                                role="control")]
+            histories[f"{recipe} {opening}"] = trained[opening][1]
+        shuffled = obtain(master, sib, recipe, p.openings[-1], p, data, source="shuffled")
+        histories[f"{recipe} {p.openings[-1]}, shuffled pairing"] = shuffled[1]
+        ev.append(fz.Evaluated(f"{recipe} shuffled-pairing fuser", shuffled[0], sib, mode="concat", role="control"))
+        nll = pd.concat([tables[0], fz.nll_table(master, ev, held, "offload")], ignore_index=True)
+        tables.append(nll.iloc[len(tables[0]):].assign(rung=recipe))
+        rows += [_row(nll, recipe, opening, f, hist, source, start)
+                 for opening, (f, hist, source) in trained.items()]
         del sib
     table = pd.DataFrame(rows)
     table["verdict"] = [control_verdict(r) for r in table.to_dict("records")]
     return pd.concat(tables, ignore_index=True), table, histories
+
+
+FLOOR, SKYLINE = "floor (master alone)", "skyline (master reads it)"
+
+
+def _row(nll: pd.DataFrame, recipe: str, opening: str, f: LearnedFuser, hist: pd.DataFrame, source: str,
+         start: str) -> dict[str, Any]:
+    """One slave-fed fuser's summary: transfer, its two controls, its change against the rung's start."""
+    name = f"{recipe} fuser ({opening})"
+    tr = lambda s: fz.nll_transfer(nll, FLOOR, SKYLINE, s)  # noqa: E731
+    own, other, pairing, first = tr(name), tr(f"{name}, other document"), tr(f"{recipe} shuffled-pairing fuser"), \
+        tr(start)
+    vs = fz.paired_gain(nll[nll["setting"].isin([name, start])], start)
+    vs = vs[vs["domain"] == "all"].iloc[0]
+    t = f.meta.get("training", {})
+    return {"rung": recipe, "opening": opening, "source": source, "docs": own["docs"], "n": own["n"],
+            "start_transfer": first["transfer"], "start_lo": first["lo"], "start_hi": first["hi"],
+            "transfer": own["transfer"], "lo": own["lo"], "hi": own["hi"],
+            "control_transfer": other["transfer"], "control_hi": other["hi"],
+            "shuffled_transfer": pairing["transfer"], "shuffled_hi": pairing["hi"],
+            "vs_start": vs["delta"], "vs_start_lo": vs["lo"], "vs_start_hi": vs["hi"],
+            "gate_start": _gate_start(f.config), "gate_end": float(sum(f.learned_gates().values()) / len(f.layers)),
+            "steps": t.get("steps"), "best_step": t.get("best_step"), "stopped_early": t.get("stopped_early"),
+            "val_gain_start": _val_gain_start(hist), "best_val_gain": t.get("best_val_gain"),
+            "seconds": t.get("seconds")}
 
 
 def _gate_start(cfg: FuserConfig) -> float:
@@ -179,13 +206,14 @@ def _val_gain_start(hist: pd.DataFrame) -> float:
 
 def control_verdict(row: dict) -> str:
     """One trained fuser on a rung whose training-free channel works, from its held-out transfer CI (lo, hi), its
-    control's transfer (control_hi: the upper end reading another document) and its paired NLL change against the
-    lstsq warm start (vs_start_lo / vs_start_hi, nats/token; negative = better):
-      opens and beats its start  transfer CI above its control's, and lower NLL than the warm start (CI below 0)
-      keeps the channel          transfer CI above its control's, no worse than the start (CI reaches 0)
-      closes the channel         worse than the start (CI above 0) and transfer CI not above the control's
+    controls' upper ends (control_hi: the fuser reading another document; shuffled_hi: the shuffled-pairing fuser
+    reading the right one) and its paired NLL change against the rung's training-free start (vs_start_lo /
+    vs_start_hi, nats/token; negative = better):
+      opens and beats its start  transfer CI above both controls', and lower NLL than the start (CI below 0)
+      keeps the channel          transfer CI above both controls', no worse than the start (CI reaches 0)
+      closes the channel         worse than the start (CI above 0) and not above both controls
       inconclusive               otherwise."""
-    above_control = row["lo"] > row["control_hi"]
+    above_control = row["lo"] > row["control_hi"] and row["lo"] > row.get("shuffled_hi", float("-inf"))
     if above_control and row["vs_start_hi"] < 0:
         return "opens and beats its start"
     if above_control and row["vs_start_lo"] <= 0:

@@ -16,8 +16,9 @@ def test_the_control_trains_scores_and_reloads(tiny, monkeypatch, tmp_path):
     nll, table, hist = fc.measure(m, p, docs)
     assert table["opening"].tolist() == ["zero", "log"] and set(table["verdict"]) <= set(fc.VERDICTS)
     assert (table["source"] == "trained now").all() and (table["docs"] >= 2).all()
-    assert {"floor (master alone)", "skyline (master reads it)", "noise:0 fuser (log), other document"} <= \
-        set(nll["setting"])
+    assert {"floor (master alone)", "skyline (master reads it)", "noise:0 fuser (log), other document",
+            "noise:0 shuffled-pairing fuser", "noise:0 training-free (identity, g=1)"} <= set(nll["setting"])
+    assert table["start_transfer"].iloc[0] == pytest.approx(1.0, abs=1e-3)  # the copy's channel: the skyline
     start = table.set_index("opening")["gate_start"]
     assert start["zero"] == 0 and start["log"] == pytest.approx(0.1353, abs=1e-4)  # closed; exp(-2)
     again = fc.measure(m, p, docs)[1]
@@ -25,12 +26,13 @@ def test_the_control_trains_scores_and_reloads(tiny, monkeypatch, tmp_path):
 
 
 def row(**kw):
-    base = {"lo": 0.5, "hi": 0.9, "control_hi": 0.1, "vs_start_lo": -0.2, "vs_start_hi": -0.05}
+    base = {"lo": 0.5, "hi": 0.9, "control_hi": 0.1, "shuffled_hi": 0.2, "vs_start_lo": -0.2, "vs_start_hi": -0.05}
     return {**base, **kw}
 
 
 @pytest.mark.parametrize("kw, want", [
     ({}, "opens and beats its start"),
+    ({"shuffled_hi": 0.6}, "inconclusive"),  # training alone (shuffled pairing) does as well: no information shown
     ({"vs_start_lo": -0.1, "vs_start_hi": 0.05}, "keeps the channel"),
     ({"lo": 0.0, "vs_start_lo": 0.05, "vs_start_hi": 0.3}, "closes the channel"),
     ({"lo": 0.0, "vs_start_lo": -0.1, "vs_start_hi": 0.1}, "inconclusive"),
