@@ -48,7 +48,12 @@ class FuserConfig:
     """Rank of the linear residual, or hidden width of the FFN."""
     input: str = "slave"
     table: int = 0
-    """input='constant': positions in the learned table (0: chosen by `match_table`)."""
+    """input='constant': positions in the learned table (0: chosen by `match_table`); with `constant_term`, the
+    positions of the fuser's own slave-free table."""
+    constant_term: bool = False
+    """A slave-fed fuser with a learned slave-free term too (a table of K/V offsets by position mod `table`, added
+    to the slave-dependent residual, starting at 0): the adapter the constant control learns, inside the fuser, so
+    that fuser against the constant control isolates what the slave adds rather than what any adapter buys."""
     per_head: bool = True
     seed: int = 0
     dropout: float = 0.0
@@ -72,6 +77,10 @@ class FuserConfig:
         if not isinstance(self.width, int) or self.width < 1:
             raise FusionLabError(f"FuserConfig width must be a positive int, got {self.width!r}.")
         checks.integer("FuserConfig table", self.table, 0)
+        checks.flag("FuserConfig constant_term", self.constant_term)
+        if self.constant_term and (self.input == "constant" or self.table < 1):
+            raise FusionLabError(f"FuserConfig constant_term=True needs a slave-fed input (got {self.input!r}) and "
+                                 f"table >= 1 positions (got {self.table}); e.g. table=64.")
         checks.flag("FuserConfig per_head", self.per_head)
         checks.integer("FuserConfig seed", self.seed, 0)
         checks.number("FuserConfig dropout", self.dropout, 0, 0.9)
@@ -113,11 +122,11 @@ class LearnedFuser(nn.Module, Projector):
                 self.register_buffer(f"noise_mu_{kind}{i}", torch.zeros(base.weights[f"{kind}.{i}"].shape[0] - 1))
                 self.register_buffer(f"noise_sd_{kind}{i}", torch.ones(base.weights[f"{kind}.{i}"].shape[0] - 1))
         n = len(self.layers)
-        if config.input == "constant":
+        if config.input == "constant" or config.constant_term:
             p = config.table or 1
             self.table_k = nn.Parameter(torch.zeros(n, p, h, d))
             self.table_v = nn.Parameter(torch.zeros(n, p, h, d))
-        else:
+        if config.input != "constant":
             self.res = nn.ModuleDict({f"{kind}{i}": Residual(feats, config.width, config.kind, g, config.dropout)
                                       for i in self.layers for kind in "kv"})
         self.head_w = nn.Parameter(torch.ones(n, 2, h), requires_grad=config.per_head and config.input != "constant")
@@ -172,10 +181,7 @@ class LearnedFuser(nn.Module, Projector):
         out = []
         for j, (kind, x) in enumerate((("k", k), ("v", v))):
             if self.config.input == "constant":
-                if positions is None:
-                    raise FusionLabError("a constant-slot control needs the slots' master positions.")
-                table = self.table_k if kind == "k" else self.table_v
-                r = table[li, positions.to(table.device) % table.shape[1]].unsqueeze(0).expand(b, -1, -1, -1)
+                r = self._table_term(li, kind, positions, b)
                 z = torch.zeros_like(r)
             else:
                 if self.config.input == "noise":
@@ -185,12 +191,21 @@ class LearnedFuser(nn.Module, Projector):
                 z = self._flat(getattr(self, f"base_{kind}{master_layer}"), x)  # (B, T, F_m)
                 r = self.res[f"{kind}{master_layer}"](z / getattr(self, f"scale_{kind}{master_layer}"))
                 z, r = (y.view(b, t, self.heads, self.head_dim) for y in (z, r))
+                if self.config.constant_term:
+                    r = r + self._table_term(li, kind, positions, b)
             r = r * self.head_w[li, j][None, None, :, None]
             y = r if self.config.mode == "blend" else z + r
             if self.config.mode == "concat" and kind == "k":
                 y = self.key_scale_tensor(li) * y
             out.append(y.transpose(1, 2))  # (B, H_m, T, D_m)
         return out[0], out[1]
+
+    def _table_term(self, li: int, kind: str, positions: torch.Tensor | None, b: int) -> torch.Tensor:
+        """The slave-free learned offsets at the slots' master positions, (B, T, H, D)."""
+        if positions is None:
+            raise FusionLabError("a fuser with a constant table needs the slots' master positions.")
+        table = self.table_k if kind == "k" else self.table_v
+        return table[li, positions.to(table.device) % table.shape[1]].unsqueeze(0).expand(b, -1, -1, -1)
 
     def describe(self) -> str:
         c = self.config

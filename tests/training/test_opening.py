@@ -77,3 +77,26 @@ def test_bad_openings(kw, match):
 def test_gate_lr_must_be_positive():
     with pytest.raises(FusionLabError, match="gate_lr must be > 0"):
         TrainConfig(gate_lr=0)
+
+
+def test_a_fuser_with_a_constant_term_starts_as_the_master_and_learns_both_parts(tiny):
+    """The slave-free table inside a slave-fed fuser starts at 0 (the master exactly) and gets a gradient, as the
+    residual does; misuse is refused."""
+    from conftest import master_logits
+
+    m, s = tiny("tiny-qwen2"), tiny("tiny-llama")
+    proj = fl.fit_lstsq(m, s, texts=TEXTS, holdout_every=0)
+    cfg = FuserConfig(width=8, constant_term=True, table=16)
+    fuser = LearnedFuser(proj, cfg)
+    assert fuser.param_count() == LearnedFuser(proj, FuserConfig(width=8)).param_count() + \
+        2 * len(fuser.layers) * 16 * fuser.heads * fuser.head_dim
+    with fl.fuse(m, [fl.Slave(s, layer_map=fuser.layer_map, projector=fuser, mode="blend", align="mean")]) as f:
+        assert torch.equal(f(TEXTS[0]), master_logits(m, m.encode(TEXTS[0])))
+        p = prepare(f, [TrainChunk(TEXTS[0])], "same", [0])[0]
+        with torch.no_grad():
+            fuser.res[f"k{fuser.layers[0]}"].b.normal_()  # let the loss see the residual path too
+        loss_of(f, fuser, p).backward()
+    assert torch.count_nonzero(fuser.table_k.grad) > 0 and fuser.res[f"k{fuser.layers[0]}"].b.grad is not None
+    for kw in ({"constant_term": True}, {"constant_term": True, "table": 4, "input": "constant"}):
+        with pytest.raises(FusionLabError, match="constant_term=True needs"):
+            FuserConfig(**kw)
