@@ -23,7 +23,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pandas as pd
 import torch
@@ -61,6 +61,9 @@ class ControlPlan:
     committed: bool = True
     """Write the trained fusers to data/fusers (committed) rather than the cache."""
     domains: tuple[str, ...] = field(default=corpora.DOMAINS)
+    foreign: list[str] = field(default_factory=list)
+    """Foreign slaves (model names) trained with the same recipe, warm-started from their lstsq projectors."""
+    foreign_openings: list[str] = field(default_factory=lambda: ["log"])
 
 
 def control_plan(size: str) -> ControlPlan:
@@ -68,10 +71,12 @@ def control_plan(size: str) -> ControlPlan:
         return ControlPlan(["noise:0"], ["log"], 128, tokens=48, eval_per_domain=2, val_per_domain=1, eval_every=1,
                            patience=2, committed=False, domains=("code", "english"), per_doc=1)
     if size == "default":
-        return ControlPlan(["noise:0", "noise:0.1"], ["zero", "log"], 6144)
+        return ControlPlan(["noise:0", "noise:0.1"], ["zero", "log"], 6144,
+                           foreign=["smollm2-135m-instruct", "gemma3-270m"])
     if size == "full":
         return ControlPlan(["noise:0", "noise:0.1", "noise:0.2", "int4"], ["zero", "log"], 40_000, tokens=256,
-                           eval_per_domain=16, val_per_domain=8, eval_every=10)
+                           eval_per_domain=16, val_per_domain=8, eval_every=10,
+                           foreign=["smollm2-135m-instruct", "gemma3-270m"])
     raise FusionLabError(f"unknown run size {size!r}: use 'quick', 'default' or 'full'.")
 
 
@@ -114,7 +119,7 @@ def identity_start(master: LM, sib: LM) -> LstsqProjector:
 
 
 def obtain(master: LM, sib: LM, recipe: str, opening: str, p: ControlPlan, data: dict[str, list[TrainChunk]],
-           source: str = "slave") -> tuple[LearnedFuser, pd.DataFrame, str]:
+           start: LstsqProjector, source: str = "slave") -> tuple[LearnedFuser, pd.DataFrame, str]:
     """The trained fuser of one (rung, opening, input): reloaded when a finished run of this exact recipe exists
     (its manifest's configs and both fingerprints match), else trained (resumable from its checkpoint) and saved."""
     path, cfg, tc = fuser_path(master, recipe, opening, p, source), config_for(p, opening, source), train_config(p)
@@ -125,7 +130,7 @@ def obtain(master: LM, sib: LM, recipe: str, opening: str, p: ControlPlan, data:
         if (f.meta["master"]["fingerprint"], f.meta["slave"]["fingerprint"]) == (master.fingerprint, sib.fingerprint) \
                 and f.config == cfg and t.get("train") == json.loads(json.dumps(asdict(tc))):
             return f, pd.read_csv(path.with_suffix(".history.csv")), "committed" if p.committed else "cache"
-    proj = identity_start(master, sib)
+    proj = start
     ck = cache_dir() / "fusers" / f"{path.stem}.ckpt"
     r = train_fuser(master, sib, data["train"], cfg, tc, projector=proj, checkpoint=ck, validation=data["validation"])
     r.fuser.save(path, training={**r.manifest, "recipe": recipe})
@@ -134,36 +139,47 @@ def obtain(master: LM, sib: LM, recipe: str, opening: str, p: ControlPlan, data:
     return r.fuser, r.history, "trained now"
 
 
-def measure(master: LM, p: ControlPlan, docs: list[corpora.Doc]) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
-    """Every (rung, opening) fuser and each rung's shuffled-pairing fuser: trained or reloaded, then scored on the
-    held-out chunks. Returns the per-chunk NLL table, one summary row per slave-fed fuser, and the histories."""
+def measure(master: LM, p: ControlPlan, docs: list[corpora.Doc],
+            foreign: dict[str, tuple[LM, LstsqProjector]] | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """Every rung's fusers (one per opening, warm-started from the rung's identity channel) and each foreign
+    slave's (`p.foreign_openings`, warm-started from its lstsq projector), each slave with a shuffled-pairing fuser:
+    trained or reloaded, then scored on the held-out chunks. Returns the per-chunk NLL table, one summary row per
+    slave-fed fuser, and the training histories."""
     data = splits(master.tokenizer, docs, p)
     held = {d: [c for c in data["heldout"] if c.doc and c.doc.startswith(d + "/")] for d in p.domains}
     held = {d: v for d, v in held.items() if len({c.doc for c in v}) >= 2}  # a control needs another document
     if not held:
         raise FusionLabError("no domain has held-out chunks from 2 documents: lower ControlPlan.tokens.")
     base = [fz.Evaluated(FLOOR, None, role="floor"), fz.Evaluated(SKYLINE, None, role="skyline")]
-    tables, rows, histories = [fz.nll_table(master, base, held, "offload")], [], {}
-    for recipe in p.rungs:
-        sib = sibling(master, recipe)
-        start = f"{recipe} training-free (identity, g=1)"
-        ev = [fz.Evaluated(start, identity_start(master, sib), sib, mode="concat", role="start")]
+    floor_sky = fz.nll_table(master, base, held, "offload")
+    tables, rows, histories = [floor_sky], [], {}
+
+    def slaves() -> Iterator[tuple[str, LM, LstsqProjector, str, list[str]]]:
+        for recipe in p.rungs:  # one sibling in memory at a time
+            sib = sibling(master, recipe)
+            yield recipe, sib, identity_start(master, sib), "identity", p.openings
+        for label, (lm, proj) in (foreign or {}).items():
+            yield label, lm, proj, "lstsq", p.foreign_openings
+
+    for label, lm, warm, how, openings in slaves():
+        start = f"{label} training-free ({how}, g=1)"
+        ev = [fz.Evaluated(start, warm, lm, mode="concat", role="start")]
         trained = {}
-        for opening in p.openings:
-            trained[opening] = obtain(master, sib, recipe, opening, p, data)
-            name = f"{recipe} fuser ({opening})"
-            ev += [fz.Evaluated(name, trained[opening][0], sib, mode="concat", role="fuser"),
-                   fz.Evaluated(f"{name}, other document", trained[opening][0], sib, mode="concat", reads="shuffled",
+        for opening in openings:
+            trained[opening] = obtain(master, lm, label, opening, p, data, warm)
+            name = f"{label} fuser ({opening})"
+            ev += [fz.Evaluated(name, trained[opening][0], lm, mode="concat", role="fuser"),
+                   fz.Evaluated(f"{name}, other document", trained[opening][0], lm, mode="concat", reads="shuffled",
                                 role="control")]
-            histories[f"{recipe} {opening}"] = trained[opening][1]
-        shuffled = obtain(master, sib, recipe, p.openings[-1], p, data, source="shuffled")
-        histories[f"{recipe} {p.openings[-1]}, shuffled pairing"] = shuffled[1]
-        ev.append(fz.Evaluated(f"{recipe} shuffled-pairing fuser", shuffled[0], sib, mode="concat", role="control"))
-        nll = pd.concat([tables[0], fz.nll_table(master, ev, held, "offload")], ignore_index=True)
-        tables.append(nll.iloc[len(tables[0]):].assign(rung=recipe))
-        rows += [_row(nll, recipe, opening, f, hist, source, start)
+            histories[f"{label} {opening}"] = trained[opening][1]
+        shuffled = obtain(master, lm, label, openings[-1], p, data, warm, source="shuffled")
+        histories[f"{label} {openings[-1]}, shuffled pairing"] = shuffled[1]
+        ev.append(fz.Evaluated(f"{label} shuffled-pairing fuser", shuffled[0], lm, mode="concat", role="control"))
+        nll = pd.concat([floor_sky, fz.nll_table(master, ev, held, "offload")], ignore_index=True)
+        tables.append(nll.iloc[len(floor_sky):].assign(rung=label))
+        rows += [{**_row(nll, label, opening, f, hist, source, start), "start": how}
                  for opening, (f, hist, source) in trained.items()]
-        del sib
+        del lm, warm
     table = pd.DataFrame(rows)
     table["verdict"] = [control_verdict(r) for r in table.to_dict("records")]
     return pd.concat(tables, ignore_index=True), table, histories

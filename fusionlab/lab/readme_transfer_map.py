@@ -91,8 +91,9 @@ def offload_ladder_markdown(folder: Path | None = None) -> str:
         "floor), paired bootstrap over items; McNemar: offload against the slave reading another document.")
 
 
-CONTROL_HEAD = ("| rung | gate parametrisation | gate start → end | held-out transfer [95% CI] | lstsq start | "
-                "reading another document | NLL vs start (nats) [95% CI] | steps (best) | verdict |")
+CONTROL_HEAD = ("| slave | gate parametrisation | gate start → end | held-out transfer [95% CI] | training-free start | "
+                "fuser reading another document | shuffled-pairing fuser | NLL vs start (nats) [95% CI] | "
+                "steps (best) | verdict |")
 
 
 def fuser_control_markdown(folder: Path | None = None) -> str:
@@ -105,9 +106,10 @@ def fuser_control_markdown(folder: Path | None = None) -> str:
     lines = [CONTROL_HEAD, "|" + "---|" * (CONTROL_HEAD.count("|") - 1)]
     for r in df.to_dict("records"):
         best = "-" if _missing(r.get("best_step")) else int(r["best_step"])
+        start = f"{r['start_transfer']:.2f}" + (f" ({r['start']})" if not _missing(r.get("start")) else "")
         lines.append(f"| {r['rung']} | {r['opening']} | {r['gate_start']:.3f} → {r['gate_end']:.3f} | "
-                     f"{_cell(r, 'transfer', 'lo', 'hi')} | {r['start_transfer']:.2f} | "
-                     f"{r['control_transfer']:.2f} | {_cell(r, 'vs_start', 'vs_start_lo', 'vs_start_hi', '+.3f')} | "
+                     f"{_cell(r, 'transfer', 'lo', 'hi')} | {start} | {r['control_transfer']:.2f} | "
+                     f"{_cell(r, 'shuffled_transfer')} | {_cell(r, 'vs_start', 'vs_start_lo', 'vs_start_hi', '+.3f')} | "
                      f"{int(r['steps'])} ({best}) | {control_verdict(r)} |")
     return "\n".join(lines) + (
         f"\n\nfrom `data/results/10_fuser_control.{size}.csv`: {int(df['n'].min())} held-out windows from "

@@ -207,10 +207,11 @@ def test_offload_ladder_and_fuser_control_blocks_from_saved_tables(tmp_path):
                        "0.94 [0.80, 1.00] | 1e-06 | transfers |")
     assert "40 items per setting" in rows[-1]
     pd.DataFrame([{"rung": "noise:0", "opening": "log", "gate_start": 0.135, "gate_end": 0.5, "transfer": 0.9,
-                   "lo": 0.8, "hi": 1.0, "start_transfer": 0.8, "control_transfer": 0.0, "control_hi": 0.1,
+                   "lo": 0.8, "hi": 1.0, "start_transfer": 0.8, "start": "identity", "control_transfer": 0.0,
+                   "control_hi": 0.1, "shuffled_transfer": 0.05, "shuffled_hi": 0.2,
                    "vs_start": -0.1, "vs_start_lo": -0.2, "vs_start_hi": -0.05, "steps": 40, "best_step": 36,
                    "n": 24, "docs": 13}]).to_csv(tmp_path / "10_fuser_control.default.csv", index=False)
     rows = fuser_control_markdown(tmp_path).splitlines()
-    assert rows[2] == ("| noise:0 | log | 0.135 → 0.500 | 0.90 [0.80, 1.00] | 0.80 | 0.00 | -0.100 [-0.200, -0.050] | "
-                       "40 (36) | opens and beats its start |")
+    assert rows[2] == ("| noise:0 | log | 0.135 → 0.500 | 0.90 [0.80, 1.00] | 0.80 (identity) | 0.00 | 0.05 | "
+                       "-0.100 [-0.200, -0.050] | 40 (36) | opens and beats its start |")
     assert "24 held-out windows from 13 documents" in rows[-1]
