@@ -201,3 +201,79 @@ def relay_claim(table: pd.DataFrame) -> Claim:
                  n=f"n={int(table['n'].min()) if len(table) else 0} documents per rung, {len(rungs)} rungs",
                  setup=SETUP + "; relay = the slave's greedy note on part A, read by the master before part B",
                  verdict=verdict, claim_id="X05", notebook=NB)
+
+
+# --- the learned-fuser positive control ------------------------------------------------------------------------
+CONTROL_VERDICTS = ("opens and beats its start", "keeps the channel", "closes the channel", "inconclusive")
+CARRIES = ("opens and beats its start", "keeps the channel")
+"""The verdicts of a fuser whose held-out transfer lies above both of its controls."""
+
+
+def control_verdict(row: dict) -> str:
+    """One trained fuser on a rung whose training-free channel works, from its held-out transfer CI (lo, hi), its
+    controls' upper ends (control_hi: the fuser reading another document; shuffled_hi: the shuffled-pairing fuser
+    reading the right one) and its paired NLL change against the rung's training-free start (vs_start_lo /
+    vs_start_hi, nats/token; negative = better):
+      opens and beats its start  transfer CI above both controls', and lower NLL than the start (CI below 0)
+      keeps the channel          transfer CI above both controls', no worse than the start (CI reaches 0)
+      closes the channel         worse than the start (CI above 0) and not above both controls
+      inconclusive               otherwise."""
+    above_control = row["lo"] > row["control_hi"] and row["lo"] > row.get("shuffled_hi", float("-inf"))
+    if above_control and row["vs_start_hi"] < 0:
+        return "opens and beats its start"
+    if above_control and row["vs_start_lo"] <= 0:
+        return "keeps the channel"
+    if row["vs_start_lo"] > 0 and not above_control:
+        return "closes the channel"
+    return "inconclusive"
+
+
+def _fuser_text(r: dict) -> str:
+    shuffled = r.get("shuffled_transfer", float("nan"))
+    return (f"{r['rung']} ({r['opening']}) {r['transfer']:.2f} {interval(r['lo'], r['hi'], '.2f')} from "
+            f"{r['start_transfer']:.2f}, controls {r['control_transfer']:.2f} / {shuffled:.2f} ({control_verdict(r)})")
+
+
+FUSER_SETUP = ("offload fusers (concat, rank 32) trained with validation by document on held-out-disjoint files; the "
+               "slave reads window k, the master predicts window k+1; controls = the fuser reading another document "
+               "and a shuffled-pairing fuser")
+
+
+def fuser_control_claim(table: pd.DataFrame) -> Claim:
+    """X06, from `nb10_fuser_control.measure`'s table, on the siblings (start 'identity'): supported iff for some
+    opening every rung's fuser carries (transfer above both controls, no worse than its start); partly supported iff
+    some (rung, opening) does; not supported iff every one closes the channel; inconclusive otherwise (no rows)."""
+    sib = table[table["start"] == "identity"] if "start" in table else table.iloc[0:0]
+    rows = sib.to_dict("records")
+    got = {(r["rung"], r["opening"]): control_verdict(r) for r in rows}
+    by_opening = {o: [v for (_, op), v in got.items() if op == o] for o in dict.fromkeys(r["opening"] for r in rows)}
+    verdict = ("inconclusive" if not rows else
+               "supported" if any(vs and all(v in CARRIES for v in vs) for vs in by_opening.values()) else
+               "partly supported" if any(v in CARRIES for v in got.values()) else
+               "not supported" if all(v == "closes the channel" for v in got.values()) else "inconclusive")
+    return Claim(claim="the lab's fuser recipe learns a channel where one exists (a learned offload fuser keeps what "
+                       "a sibling's training-free channel carries, above its controls)",
+                 seed_section="positive control for X01/X02 (FusionLab)", seed_value="-",
+                 measured="; ".join(_fuser_text(r) for r in rows) or "no sibling fuser trained",
+                 n=f"n={int(sib['n'].min()) if len(sib) else 0} held-out windows from "
+                   f"{int(sib['docs'].min()) if len(sib) else 0} documents per fuser",
+                 setup=FUSER_SETUP, verdict=verdict, claim_id="X06", notebook=NB)
+
+
+def foreign_fuser_claim(table: pd.DataFrame) -> Claim:
+    """X07, the fix across families (start 'lstsq'): evidence only beside a positive control (X06 supported or
+    partly supported). Supported iff some foreign fuser's transfer lies above both its controls; not supported iff
+    every foreign fuser's transfer CI lies below NULL_BOUND; inconclusive otherwise."""
+    foreign = table[table["start"] == "lstsq"] if "start" in table else table.iloc[0:0]
+    rows = foreign.to_dict("records")
+    control_ok = fuser_control_claim(table).verdict in ("supported", "partly supported")
+    above = [r["lo"] > r["control_hi"] and r["lo"] > r.get("shuffled_hi", float("-inf")) for r in rows]
+    verdict = ("inconclusive" if not rows or not control_ok else "supported" if any(above) else
+               "not supported" if all(r["hi"] < NULL_BOUND for r in rows) else "inconclusive")
+    return Claim(claim="a learned offload fuser that can open carries a foreign slave's memory to the master",
+                 seed_section="C2C: cross-family fusers; notebook 07's closed offload fusers",
+                 seed_value="-", measured=("; ".join(_fuser_text(r) for r in rows) or "no foreign fuser trained") +
+                 ("" if control_ok else " (no positive control: X06 not supported)"),
+                 n=f"n={int(foreign['n'].min()) if len(foreign) else 0} held-out windows per fuser",
+                 setup=FUSER_SETUP + "; warm start: the slave's lstsq projector", verdict=verdict, claim_id="X07",
+                 notebook=NB)

@@ -15,7 +15,7 @@ windows of many files (the slave reads window k, the master only k+1):
     fuser      each trained fuser, and the same fuser reading window k of *another document*
     shuffled   the shuffled-pairing fuser reading the right document
 
-transfer = (floor - x) / (floor - skyline), bootstrap over documents; `control_verdict` judges each fuser.
+transfer = (floor - x) / (floor - skyline), bootstrap over documents; `nb10_claims.control_verdict` judges each fuser.
 """
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ from ..training.fuser import FuserConfig, LearnedFuser
 from ..training.train import TrainConfig, train_fuser
 from . import nb07_corpora as corpora
 from . import nb07_fusers as fz
+from .nb10_claims import control_verdict
 
-VERDICTS = ("opens and beats its start", "keeps the channel", "closes the channel", "inconclusive")
 
 
 @dataclass
@@ -218,22 +218,3 @@ def _gate_start(cfg: FuserConfig) -> float:
 def _val_gain_start(hist: pd.DataFrame) -> float:
     v = hist["val_gain"].dropna() if "val_gain" in hist else pd.Series(dtype=float)
     return float(v.iloc[0]) if len(v) else float("nan")
-
-
-def control_verdict(row: dict) -> str:
-    """One trained fuser on a rung whose training-free channel works, from its held-out transfer CI (lo, hi), its
-    controls' upper ends (control_hi: the fuser reading another document; shuffled_hi: the shuffled-pairing fuser
-    reading the right one) and its paired NLL change against the rung's training-free start (vs_start_lo /
-    vs_start_hi, nats/token; negative = better):
-      opens and beats its start  transfer CI above both controls', and lower NLL than the start (CI below 0)
-      keeps the channel          transfer CI above both controls', no worse than the start (CI reaches 0)
-      closes the channel         worse than the start (CI above 0) and not above both controls
-      inconclusive               otherwise."""
-    above_control = row["lo"] > row["control_hi"] and row["lo"] > row.get("shuffled_hi", float("-inf"))
-    if above_control and row["vs_start_hi"] < 0:
-        return "opens and beats its start"
-    if above_control and row["vs_start_lo"] <= 0:
-        return "keeps the channel"
-    if row["vs_start_lo"] > 0 and not above_control:
-        return "closes the channel"
-    return "inconclusive"

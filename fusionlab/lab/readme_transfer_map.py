@@ -7,8 +7,7 @@ import math
 from pathlib import Path
 
 from ..analysis.stats import interval
-from ..experiments.nb10_claims import nll_rung_verdict, relay_verdict, rung_verdict
-from ..experiments.nb10_fuser_control import control_verdict
+from ..experiments.nb10_claims import control_verdict, nll_rung_verdict, relay_verdict, rung_verdict
 from ..experiments.nb10_crossing import sentence
 from .results import best_table
 

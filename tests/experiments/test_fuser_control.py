@@ -7,6 +7,7 @@ import pytest
 import fusionlab as fl
 
 from fusionlab.experiments import nb07_corpora as corpora, nb10_fuser_control as fc
+from fusionlab.experiments.nb10_claims import CONTROL_VERDICTS, control_verdict, foreign_fuser_claim, fuser_control_claim
 
 
 def test_the_control_trains_scores_and_reloads(tiny, monkeypatch, tmp_path):
@@ -20,7 +21,7 @@ def test_the_control_trains_scores_and_reloads(tiny, monkeypatch, tmp_path):
     nll, table, hist = fc.measure(m, p, docs, foreign)
     assert table["rung"].tolist() == ["noise:0", "noise:0", "llama"] and table["start"].tolist() == \
         ["identity", "identity", "lstsq"]
-    assert table["opening"].tolist() == ["zero", "log", "log"] and set(table["verdict"]) <= set(fc.VERDICTS)
+    assert table["opening"].tolist() == ["zero", "log", "log"] and set(table["verdict"]) <= set(CONTROL_VERDICTS)
     assert (table["source"] == "trained now").all() and (table["docs"] >= 2).all()
     assert {"floor (master alone)", "skyline (master reads it)", "noise:0 fuser (log), other document",
             "noise:0 shuffled-pairing fuser", "noise:0 training-free (identity, g=1)"} <= set(nll["setting"])
@@ -45,4 +46,38 @@ def row(**kw):
     ({"lo": 0.0, "hi": 0.0, "control_hi": 0.0, "vs_start_lo": 0.0, "vs_start_hi": 0.0}, "inconclusive"),  # all zero
 ])
 def test_control_verdicts(kw, want):
-    assert fc.control_verdict(row(**kw)) == want
+    assert control_verdict(row(**kw)) == want
+
+
+def fuser_row(rung, opening, start, **kw):
+    return {"rung": rung, "opening": opening, "start": start, "n": 24, "docs": 13, "transfer": 0.7,
+            "start_transfer": 0.66, "control_transfer": 0.0, "shuffled_transfer": 0.05, **row(**kw)}
+
+
+def table(*rows):
+    import pandas as pd
+    return pd.DataFrame(list(rows))
+
+
+def test_x06_needs_an_opening_that_carries_on_every_rung():
+    carry, close = {}, {"lo": 0.0, "vs_start_lo": 0.05, "vs_start_hi": 0.3}
+    both = table(fuser_row("noise:0", "zero", "identity", **close), fuser_row("noise:0.1", "zero", "identity", **close),
+                 fuser_row("noise:0", "log", "identity", **carry), fuser_row("noise:0.1", "log", "identity", **carry))
+    assert fuser_control_claim(both).verdict == "supported" and fuser_control_claim(both).claim_id == "X06"
+    some = table(fuser_row("noise:0", "log", "identity", **carry), fuser_row("noise:0.1", "log", "identity", **close))
+    assert fuser_control_claim(some).verdict == "partly supported"
+    shut = table(fuser_row("noise:0", "log", "identity", **close))
+    assert fuser_control_claim(shut).verdict == "not supported"
+    zero = table(fuser_row("noise:0", "log", "identity", lo=0.0, hi=0.0, control_hi=0.0, shuffled_hi=0.0,
+                           vs_start_lo=0.0, vs_start_hi=0.0))
+    assert fuser_control_claim(zero).verdict == "inconclusive"  # an all-zero row is no evidence either way
+    assert fuser_control_claim(table(fuser_row("smollm2", "log", "lstsq"))).verdict == "inconclusive"  # no sibling
+
+
+def test_x07_counts_only_beside_a_positive_control():
+    ok = fuser_row("noise:0", "log", "identity")
+    null = fuser_row("smollm2", "log", "lstsq", lo=-0.2, hi=0.1, control_hi=0.1)
+    assert foreign_fuser_claim(table(ok, null)).verdict == "not supported"
+    assert foreign_fuser_claim(table(ok, fuser_row("gemma3", "log", "lstsq"))).verdict == "supported"
+    assert foreign_fuser_claim(table(null)).verdict == "inconclusive"  # no positive control beside it
+    assert "no positive control" in foreign_fuser_claim(table(null)).measured
