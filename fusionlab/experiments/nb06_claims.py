@@ -23,21 +23,27 @@ MIN_PER_LENGTH = 5
 def borrowed_memory_claim(acc: pd.DataFrame, tr: pd.DataFrame, ctrl: pd.DataFrame, agree: tuple[int, int], label: str = "",
                  notebook: str = NB) -> Claim:
     """Supported iff some real slave (or the bus) has a transfer-rate CI above 0 *and* beats its shuffled control
-    (McNemar p < 0.05, more correct). Not supported iff every real slave's transfer CI lies below 0.25 (under a
-    quarter of what the master gains by reading the document itself). Inconclusive otherwise: fewer than MIN_ITEMS
-    items, or a skyline no better than the floor (then there is nothing to transfer)."""
+    (McNemar p < 0.05, more correct). Not supported iff every real slave that *knew* (its ceiling, the slave alone
+    reading the document, more accurate than the floor; a bus knows if one of its slaves does) has a transfer CI
+    below 0.25 (under a quarter of what the master gains by reading the document itself). Inconclusive otherwise:
+    fewer than MIN_ITEMS items, a skyline no better than the floor (nothing to transfer), no ceiling measured, or no
+    slave that knew (a null then says nothing about the channel)."""
     a = acc.set_index("setting")
     floor, sky = a[a["role"] == "floor"].iloc[0], a[a["role"] == "skyline"].iloc[0]
     real = tr[tr["role"].isin(["cross", "bus"])].set_index("setting")
     c = ctrl.set_index("setting") if len(ctrl) else pd.DataFrame()
     beats = [s for s in real.index if real.loc[s, "lo"] > 0 and s in c.index
              and c.loc[s, "p_value"] < 0.05 and c.loc[s, "acc_setting"] > c.loc[s, "acc_control"]]
-    none = len(real) > 0 and bool((real["hi"] < 0.25).all())
+    knew = {s: ceiling_of(a, s) > floor["accuracy"] for s in real.index}
+    judged = [s for s in real.index if knew[s]]
+    none = bool(judged) and bool((real.loc[judged, "hi"] < 0.25).all())
     verdict = ("inconclusive" if sky["accuracy"] <= floor["accuracy"] or floor["n"] < MIN_ITEMS else
                "supported" if beats else "not supported" if none else "inconclusive")
     fmt = lambda s: f"{a.loc[s, 'accuracy']:.0%} {interval(a.loc[s, 'lo'], a.loc[s, 'hi'], '.0%')}"  # noqa: E731
+    ceil = lambda s: "" if ceiling_of(a, s) != ceiling_of(a, s) else f", slave alone {ceiling_of(a, s):.0%}"  # noqa: E731
     per = "; ".join(f"{s} {fmt(s)}, transfer {real.loc[s, 'transfer']:+.2f} "
-                    f"{interval(real.loc[s, 'lo'], real.loc[s, 'hi'], '+.2f')}" + (f", vs shuffled p={c.loc[s, 'p_value']:.2g}" if s in c.index else "")
+                    f"{interval(real.loc[s, 'lo'], real.loc[s, 'hi'], '+.2f')}" + ceil(s) +
+                    (f", vs shuffled p={c.loc[s, 'p_value']:.2g}" if s in c.index else "")
                     for s in real.index)
     return Claim(claim="a slave's K/V carry what it read to the master (the master borrows its memory)" + label,
                  seed_section="2.2", seed_value="the slave contributes memory / history anchors",
@@ -46,6 +52,15 @@ def borrowed_memory_claim(acc: pd.DataFrame, tr: pd.DataFrame, ctrl: pd.DataFram
                  n=f"n={int(floor['n'])} items (facts and fact pairs x lengths)",
                  setup="Qwen 0.5B master reads only the question; slaves read the document (concat, prefix)",
                  verdict=verdict, claim_id="X01", notebook=notebook)
+
+
+def ceiling_of(acc: pd.DataFrame, setting: str) -> float:
+    """The best ceiling among a setting's slaves ('+a', '+a, naive RoPE', '+a +b' -> 'a alone (reads it)', ...), from
+    the accuracy table indexed by setting; NaN when none was measured."""
+    labels = setting.split(",")[0].lstrip("+").split(" +")
+    got = [float(acc.loc[f"{x.strip()} alone (reads it)", "accuracy"]) for x in labels
+           if f"{x.strip()} alone (reads it)" in acc.index]
+    return max(got) if got else float("nan")
 
 
 def effective_length(acc_by_length: pd.DataFrame, threshold: float = 0.5) -> pd.Series:

@@ -152,7 +152,7 @@ def answers(fused: FusedModel, items: list[Item], reads: str, max_new_tokens: in
 
 def settings(master: LM, slaves: dict[str, tuple[LM, LstsqProjector]], kvcomm: dict[str, LayerMap] | None = None,
              naive: list[str] | tuple[str, ...] = (), bus: bool = True, self_copy: bool = True,
-             ceilings: bool = False, layer_maps: dict[str, LayerMap] | None = None) -> list[Setting]:
+             ceilings: bool = True, layer_maps: dict[str, LayerMap] | None = None) -> list[Setting]:
     """floor, skyline, self-offload (+ its control), each slave re-rotated (+ control, + naive keys, + KVComm's
     layers), and the bus of all slaves (+ control). `ceilings`: each slave alone reading document + question (what it
     knew, the most a transfer of its memory can carry; a null is evidence only where the ceiling beats the floor).

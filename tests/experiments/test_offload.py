@@ -51,7 +51,7 @@ def test_tiny_grid_self_offload_answers_as_the_skyline_and_resumes(tiny, hays, t
     items = off.build_items(m, ["en-city", "en-number"], [], [300], [50], hays)
     grid = off.settings(m, {"llama": (ll, proj)}, naive=["llama"])
     df = off.run(items, grid, max_new_tokens=6, cache=tmp_path / "c.jsonl")
-    assert set(df["role"]) == {"floor", "skyline", "self", "control", "cross"} and len(df) == len(grid) * 2
+    assert set(df["role"]) == {"floor", "skyline", "self", "control", "cross", "ceiling"} and len(df) == len(grid) * 2
     agree, n = st.self_agreement(df)
     assert n == 2 and agree == 2  # the engine's exact anchor, on generated text
     again = off.run(items, [g for g in grid], max_new_tokens=6, cache=tmp_path / "c.jsonl")
@@ -101,7 +101,8 @@ def test_transfer_rate_values():
 
 def test_borrowed_memory_claim_branches():
     n = 40
-    base = {"floor": ("floor", [0] * n), "sky": ("skyline", [1] * n), "self-offload": ("self", [1] * n)}
+    base = {"floor": ("floor", [0] * n), "sky": ("skyline", [1] * n), "self-offload": ("self", [1] * n),
+            "s alone (reads it)": ("ceiling", [1] * n)}
     good = frame(base | {"+s": ("cross", [1] * 30 + [0] * 10), "+s, shuffled doc": ("control", [0] * n)})
     claim = lambda df: claims.borrowed_memory_claim(st.accuracy(df), st.transfer(df), st.versus_control(df),  # noqa: E731
                                        st.self_agreement(df))
@@ -110,6 +111,16 @@ def test_borrowed_memory_claim_branches():
     assert claim(guess).verdict == "inconclusive"  # transfers, but so does the wrong document: a guess
     nothing = frame(base | {"+s": ("cross", [0] * n), "+s, shuffled doc": ("control", [0] * n)})
     assert claim(nothing).verdict == "not supported" and "transfer +0.00" in claim(nothing).measured
+    assert "slave alone 100%" in claim(nothing).measured
+    never_knew = frame({**base, "s alone (reads it)": ("ceiling", [0] * n), "+s": ("cross", [0] * n),
+                        "+s, shuffled doc": ("control", [0] * n)})
+    assert claim(never_knew).verdict == "inconclusive"  # a null from a slave that never knew says nothing
+    no_ceiling = frame({k: v for k, v in base.items() if k != "s alone (reads it)"} |
+                       {"+s": ("cross", [0] * n), "+s, shuffled doc": ("control", [0] * n)})
+    assert claim(no_ceiling).verdict == "inconclusive"  # nor does one whose ceiling nobody measured
+    bus = frame({**base, "t alone (reads it)": ("ceiling", [0] * n), "+s +t": ("bus", [0] * n)})
+    assert claims.ceiling_of(st.accuracy(bus).set_index("setting"), "+s +t") == 1.0 and claim(bus).verdict == \
+        "not supported"  # a bus knew if one of its slaves did
     useless_doc = frame({"floor": ("floor", [1] * n), "sky": ("skyline", [1] * n), "+s": ("cross", [1] * n)})
     assert claim(useless_doc).verdict == "inconclusive"
     tiny_n = frame({k: (r, ok[:2]) for k, (r, ok) in {**base, "+s": ("cross", [0] * n)}.items()})
