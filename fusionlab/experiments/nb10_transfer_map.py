@@ -151,15 +151,6 @@ def foreign_settings(master: LM, label: str, pair: tuple[LM, LstsqProjector],
     return _with_kvcomm_control(grid, label)
 
 
-def ladder_settings(master: LM, recipes: list[str] | tuple[str, ...]) -> tuple[list[off.Setting], dict[str, LM]]:
-    """Every rung's settings at once (small masters only: every sibling is held). Returns settings and siblings."""
-    sibs = {recipe: sibling(master, recipe) for recipe in recipes}
-    maps: dict[str, LayerMap] = {r: sibling_layer_map(master, s) for r, s in sibs.items()}
-    grid = off.settings(master, {r: (s, IdentityProjector()) for r, s in sibs.items()}, bus=False, self_copy=False,
-                        ceilings=True, layer_maps=maps)
-    return grid, sibs
-
-
 def nll_ladder(master: LM, recipes: list[str], foreign: dict[str, tuple[LM, LstsqProjector]], items: list[nll.Pair],
                cache: Path | None = None, relay_tokens: int = 0, lstsq: bool = False,
                kvcomm: list[tuple[str, str]] | None = None) -> pd.DataFrame:

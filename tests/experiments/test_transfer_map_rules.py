@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fusionlab.experiments import nb06_offload as off, nb10_transfer_map as tm
+from fusionlab.experiments import nb06_offload as off, nb10_offload as offload, nb10_transfer_map as tm
 from fusionlab.experiments.nb06_claims import MIN_ITEMS
 from fusionlab.experiments.nb10_claims import ladder_verdict, rung_verdict
 
@@ -66,9 +66,7 @@ def test_the_ladder_harness_on_a_tiny_master(tiny, tmp_path):
     hay = " ".join(f"Sentence number {i} talks about rivers, harbours and old maps of the town." for i in range(400))
     (tmp_path / "en.txt").write_text(hay)
     items = off.build_items(m, ["en-city", "en-number"], [], [300], [50], {"en": str(tmp_path / "en.txt")})
-    grid, sibs = tm.ladder_settings(m, ["noise:0", "prune:2"])
-    assert sorted(sibs) == ["noise:0", "prune:2"]
-    df = off.run(items, grid, max_new_tokens=6, cache=tmp_path / "c.jsonl")
+    df = offload.offload_ladder(m, ["noise:0", "prune:2"], {}, items, max_new_tokens=6, cache=tmp_path / "c.jsonl")
     answer = lambda s: df[df["setting"] == s].set_index("item")["answer"]  # noqa: E731
     assert answer("+noise:0").equals(answer("skyline (master reads it)"))
     assert {"floor", "skyline", "ceiling", "cross", "control"} == set(df["role"])
