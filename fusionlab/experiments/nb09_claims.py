@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..analysis.stats import bootstrap_ci, interval, mcnemar
+from ..analysis.stats import bootstrap_ci, interval, mcnemar, wilson
 from ..errors import FusionLabError
 from .claim import Claim
 
@@ -44,13 +44,22 @@ def split_verdict(en: pd.DataFrame, zh: pd.DataFrame) -> tuple[str, dict[str, An
     return ("not supported" if lo > 0 or (lo > -0.01 and hi < 0.01) else "inconclusive"), stats
 
 
+GAIN_MARGIN = 0.10
+"""'No gain' is shown only when a gain of this many points is ruled out (the Wilson bound, not a bootstrap that
+collapses to [0, 0] on an all-wrong grid)."""
+
+
 def arithmetic_verdict(df: pd.DataFrame, master: str) -> tuple[str, dict[str, Any]]:
-    """'No gain on exact arithmetic': supported if no fused setting is right significantly more often than the master
-    (McNemar p >= 0.05, or fewer right); not supported if one is (p < 0.05 and more right)."""
+    """'No gain on exact arithmetic': not supported if some fused setting is right significantly more often than the
+    master (McNemar p < 0.05 and more right); supported if for every fused setting the upper Wilson bound of its
+    accuracy lies less than GAIN_MARGIN above the master's accuracy (a gain that size is ruled out); inconclusive
+    otherwise (e.g. an all-wrong grid: 0/24 everywhere rules out nothing)."""
     wide = df.pivot_table(index="task", columns="setting", values="correct", aggfunc="first").astype(bool)
     stats = {s: {"correct": int(wide[s].sum()), **mcnemar(wide[master], wide[s])} for s in wide.columns}
+    n, base = len(wide), float(wide[master].mean())
     gain = any(v["p_value"] < 0.05 and v["only_setting"] > v["only_baseline"] for s, v in stats.items() if s != master)
-    return ("not supported" if gain else "supported"), {"n": len(wide), **stats}
+    ruled_out = all(wilson(v["correct"], n)[1] - base < GAIN_MARGIN for s, v in stats.items() if s != master)
+    return ("not supported" if gain else "supported" if ruled_out else "inconclusive"), {"n": n, **stats}
 
 
 def temperature_verdict(df: pd.DataFrame, fused: str, best: float = 0.55, worse: float = 0.7) -> tuple[str, dict]:

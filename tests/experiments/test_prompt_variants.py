@@ -42,7 +42,10 @@ def test_arithmetic_tasks_and_scoring():
     df = pd.DataFrame([{"task": i, "setting": s, "correct": c} for i in range(20)
                        for s, c in (("master", i < 5), ("fused", i < 18))])
     assert claims.arithmetic_verdict(df, "master")[0] == "not supported"  # a significant gain
-    assert claims.arithmetic_verdict(df.assign(correct=df["task"] < 5), "master")[0] == "supported"
+    worse = df.assign(correct=(df["setting"] == "master") & (df["task"] < 10))
+    assert claims.arithmetic_verdict(worse, "master")[0] == "supported"  # 0/20 vs 10/20: a gain is ruled out
+    assert claims.arithmetic_verdict(df.assign(correct=df["task"] < 5), "master")[0] == "inconclusive"  # 5/20 each
+    assert claims.arithmetic_verdict(df.assign(correct=False), "master")[0] == "inconclusive"  # all wrong: no power
 
 
 def _lang(master_zh: list[int], fused_zh: list[int]) -> pd.DataFrame:

@@ -38,6 +38,10 @@ def test_behaviour_rules_on_hand_made_numbers():
     g = {"no_grad_repeats_identical": True, "grad_repeats_identical": True}
     assert ec.grad_verdict(g) == "not supported"
     assert ec.grad_verdict({**g, "grad_repeats_identical": False}) == "supported"
+    st = {**g, "stitched_no_grad_repeats_identical": True, "stitched_grad_repeats_identical": False}
+    assert ec.grad_verdict(st) == "supported"  # the stitched model decides where it was measured
+    assert ec.grad_verdict({**st, "stitched_grad_repeats_identical": True, "grad_repeats_identical": False}) == \
+        "not supported"
     assert ec.dropout_verdict({"train_vs_eval_max_abs": 0.0}) == "not supported"
     assert ec.dropout_verdict({"train_vs_eval_max_abs": 0.2}) == "supported"
     u = {"layers_seen_use_cache_true": 4, "layers_seen_use_cache_false": 4, "identical": True}
@@ -66,6 +70,9 @@ def test_measurements_on_tiny_models(tiny):
     ids = lm.encode(TEXT)
     g = ec.measure_grad_determinism(lm, ids, repeats=2)
     assert g["no_grad_repeats_identical"] and g["grad_repeats_identical"]
+    st = ec.measure_grad_determinism(lm, ids, repeats=2, slave=tiny("tiny-llama"), text=TEXT)
+    assert st["stitched_no_grad_repeats_identical"] and st["stitched_grad_repeats_identical"]
+    assert st["stitched_grad_vs_no_grad_max_abs"] == 0.0
     assert ec.measure_dropout(lm, ids)["train_vs_eval_max_abs"] == 0.0 and not lm.model.training
     u = ec.measure_use_cache(lm, ids)
     assert u["identical"] and u["layers_seen_use_cache_true"] == lm.spec.layers
