@@ -81,7 +81,10 @@ def control_plan(size: str) -> ControlPlan:
 
 
 def config_for(p: ControlPlan, opening: str, source: str = "slave") -> FuserConfig:
-    return FuserConfig(mode="concat", width=p.width, opening=opening, input=source)
+    """'zero' starts closed (the master); 'log' starts *at* the warm start's channel (g = 1, keys as they are): on
+    a sibling that is its training-free transfer exactly, so training has to beat the rung, not reach it."""
+    return FuserConfig(mode="concat", width=p.width, opening=opening, input=source, log_gate=0.0,
+                       calibrate_keys=False)
 
 
 def train_config(p: ControlPlan) -> TrainConfig:

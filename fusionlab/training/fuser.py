@@ -67,7 +67,10 @@ class FuserConfig:
     per step whatever the gradient's size, so both learn from step one; the start is *not* the master: its distance
     is the first validation pass's gain, reported."""
     log_gate: float = -2.0
-    """opening='log': the gate's start, log g (-2: g = 0.14)."""
+    """opening='log': the gate's start, log g (-2: g = 0.14; 0: the warm start's slots at full weight)."""
+    calibrate_keys: bool = True
+    """opening='log': s0 from the master's key RMS (True), or 1 (False: the warm start's keys as they are; a
+    sibling's identity warm start at log_gate=0 then *is* its training-free channel, exactly)."""
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("mode", self.mode, MODES), ("kind", self.kind, KINDS),
@@ -86,6 +89,7 @@ class FuserConfig:
         checks.number("FuserConfig dropout", self.dropout, 0, 0.9)
         checks.choice("FuserConfig opening", self.opening, OPENINGS)
         checks.number("FuserConfig log_gate", self.log_gate, -20.0, 5.0)
+        checks.flag("FuserConfig calibrate_keys", self.calibrate_keys)
         if self.opening == "log" and self.mode != "concat":
             raise FusionLabError("FuserConfig opening='log' parametrises a concat gate; blend has none: use "
                                  "mode='concat' or opening='zero'.")

@@ -93,7 +93,7 @@ class Loop:
                     w = getattr(f, f"base_{kind}{i}")
                     z = xs @ w[:-1] + w[-1]
                     getattr(f, f"scale_{kind}{i}").copy_(z.std(0).clamp_min(1e-6))
-                    if kind == "k" and f.config.opening == "log":
+                    if kind == "k" and f.config.opening == "log" and f.config.calibrate_keys:
                         f.key_scale0[f.layers.index(i)] = _rms(self._own_keys(i)) / _rms(z).clamp_min(1e-9)
 
     def _own_keys(self, layer: int) -> torch.Tensor:

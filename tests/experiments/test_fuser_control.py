@@ -26,8 +26,9 @@ def test_the_control_trains_scores_and_reloads(tiny, monkeypatch, tmp_path):
     assert {"floor (master alone)", "skyline (master reads it)", "noise:0 fuser (log), other document",
             "noise:0 shuffled-pairing fuser", "noise:0 training-free (identity, g=1)"} <= set(nll["setting"])
     assert table["start_transfer"].iloc[0] == pytest.approx(1.0, abs=1e-3)  # the copy's channel: the skyline
+
     start = table[table["rung"] == "noise:0"].set_index("opening")["gate_start"]
-    assert start["zero"] == 0 and start["log"] == pytest.approx(0.1353, abs=1e-4)  # closed; exp(-2)
+    assert start["zero"] == 0 and start["log"] == 1.0  # closed; the warm start at full weight
     again = fc.measure(m, p, docs, foreign)[1]
     assert (again["source"] == "cache").all() and again["transfer"].tolist() == table["transfer"].tolist()
 
@@ -81,3 +82,20 @@ def test_x07_counts_only_beside_a_positive_control():
     assert foreign_fuser_claim(table(ok, fuser_row("gemma3", "log", "lstsq"))).verdict == "supported"
     assert foreign_fuser_claim(table(null)).verdict == "inconclusive"  # no positive control beside it
     assert "no positive control" in foreign_fuser_claim(table(null)).measured
+
+
+def test_the_log_fuser_starts_exactly_at_the_rungs_training_free_channel(tiny):
+    import torch
+    from fusionlab.models.siblings import sibling
+    from fusionlab.training.fuser import LearnedFuser
+
+    m = tiny("tiny-qwen2")
+    sib = sibling(m, "noise:0.1")
+    start = fc.identity_start(m, sib)
+    fuser = LearnedFuser(start, fc.config_for(fc.control_plan("quick"), "log"))
+    doc, text = "Rivers, harbours and old maps of the town. " * 4, "The committee chose a city for the conference."
+    logits = []
+    for proj in (start, fuser):
+        with fl.fuse(m, [fl.Slave(sib, layer_map=start.layer_map, projector=proj, mode="concat", align="mean")]) as f:
+            logits.append(f(text, context=doc))
+    assert torch.allclose(logits[0], logits[1], atol=1e-5)  # gate 1, key scale 1, residual 0: the rung itself
