@@ -19,6 +19,7 @@ transfer = (floor - x) / (floor - skyline), bootstrap over documents; `nb10_clai
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -134,7 +135,8 @@ def obtain(master: LM, sib: LM, recipe: str, opening: str, p: ControlPlan, data:
                 and f.config == cfg and t.get("train") == json.loads(json.dumps(asdict(tc))):
             return f, pd.read_csv(path.with_suffix(".history.csv")), "committed" if p.committed else "cache"
     proj = start
-    ck = cache_dir() / "fusers" / f"{path.stem}.ckpt"
+    digest = hashlib.sha256(json.dumps([asdict(cfg), asdict(tc)], sort_keys=True).encode()).hexdigest()[:12]
+    ck = cache_dir() / "fusers" / f"{path.stem}.{digest}.ckpt"  # a changed recipe never meets an old checkpoint
     r = train_fuser(master, sib, data["train"], cfg, tc, projector=proj, checkpoint=ck, validation=data["validation"])
     r.fuser.save(path, training={**r.manifest, "recipe": recipe})
     r.history.to_csv(path.with_suffix(".history.csv"), index=False)
