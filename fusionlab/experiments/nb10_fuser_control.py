@@ -36,6 +36,7 @@ from ..models.siblings import sibling, sibling_layer_map
 from ..paths import cache_dir, data_dir
 from ..training.chunks import TrainChunk
 from ..training.fuser import FuserConfig, LearnedFuser
+from ..training.loop import TrainingDiverged
 from ..training.train import TrainConfig, train_fuser
 from . import nb07_corpora as corpora
 from . import nb07_fusers as fz
@@ -157,7 +158,7 @@ def measure(master: LM, p: ControlPlan, docs: list[corpora.Doc],
         raise FusionLabError("no domain has held-out chunks from 2 documents: lower ControlPlan.tokens.")
     base = [fz.Evaluated(FLOOR, None, role="floor"), fz.Evaluated(SKYLINE, None, role="skyline")]
     floor_sky = fz.nll_table(master, base, held, "offload")
-    tables, rows, histories = [floor_sky], [], {}
+    tables, rows, histories, diverged = [floor_sky], [], {}, {}
 
     def slaves() -> Iterator[tuple[str, LM, LstsqProjector, str, list[str]]]:
         for recipe in p.rungs:  # one sibling in memory at a time
@@ -177,13 +178,16 @@ def measure(master: LM, p: ControlPlan, docs: list[corpora.Doc],
                    fz.Evaluated(f"{name}, other document", trained[opening][0], lm, mode="concat", reads="shuffled",
                                 role="control")]
             histories[f"{label} {opening}"] = trained[opening][1]
-        shuffled = obtain(master, lm, label, openings[-1], p, data, warm, source="shuffled")
-        histories[f"{label} {openings[-1]}, shuffled pairing"] = shuffled[1]
-        ev.append(fz.Evaluated(f"{label} shuffled-pairing fuser", shuffled[0], lm, mode="concat", role="control"))
+        try:  # its start (the warm start fed another document's K/V) can be past the divergence bound already
+            shuffled = obtain(master, lm, label, openings[-1], p, data, warm, source="shuffled")
+            histories[f"{label} {openings[-1]}, shuffled pairing"] = shuffled[1]
+            ev.append(fz.Evaluated(f"{label} shuffled-pairing fuser", shuffled[0], lm, mode="concat", role="control"))
+        except TrainingDiverged as e:  # no such control then: the rule cannot call the fuser above it
+            diverged[label] = str(e).split(";")[0]
         nll = pd.concat([floor_sky, fz.nll_table(master, ev, held, "offload")], ignore_index=True)
         tables.append(nll.iloc[len(floor_sky):].assign(rung=label))
-        rows += [{**_row(nll, label, opening, f, hist, source, start), "start": how}
-                 for opening, (f, hist, source) in trained.items()]
+        rows += [{**_row(nll, label, opening, f, hist, source, start), "start": how,
+                  "shuffled_diverged": diverged.get(label, "")} for opening, (f, hist, source) in trained.items()]
         del lm, warm
     table = pd.DataFrame(rows)
     table["verdict"] = [control_verdict(r) for r in table.to_dict("records")]
@@ -198,8 +202,10 @@ def _row(nll: pd.DataFrame, recipe: str, opening: str, f: LearnedFuser, hist: pd
     """One slave-fed fuser's summary: transfer, its two controls, its change against the rung's start."""
     name = f"{recipe} fuser ({opening})"
     tr = lambda s: fz.nll_transfer(nll, FLOOR, SKYLINE, s)  # noqa: E731
-    own, other, pairing, first = tr(name), tr(f"{name}, other document"), tr(f"{recipe} shuffled-pairing fuser"), \
-        tr(start)
+    pairing_name = f"{recipe} shuffled-pairing fuser"
+    nan = {"transfer": float("nan"), "hi": float("nan")}
+    own, other, first = tr(name), tr(f"{name}, other document"), tr(start)
+    pairing = tr(pairing_name) if pairing_name in set(nll["setting"]) else nan  # NaN: never "above" it
     vs = fz.paired_gain(nll[nll["setting"].isin([name, start])], start)
     vs = vs[vs["domain"] == "all"].iloc[0]
     t = f.meta.get("training", {})
