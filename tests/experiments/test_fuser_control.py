@@ -99,3 +99,23 @@ def test_the_log_fuser_starts_exactly_at_the_rungs_training_free_channel(tiny):
         with fl.fuse(m, [fl.Slave(sib, layer_map=start.layer_map, projector=proj, mode="concat", align="mean")]) as f:
             logits.append(f(text, context=doc))
     assert torch.allclose(logits[0], logits[1], atol=1e-5)  # gate 1, key scale 1, residual 0: the rung itself
+
+
+def test_a_diverged_shuffled_control_is_recorded_and_never_beaten(tiny, monkeypatch, tmp_path):
+    from fusionlab.training.loop import TrainingDiverged
+
+    monkeypatch.setattr(fc, "cache_dir", lambda: tmp_path)
+    real = fc.obtain
+
+    def flaky(*args, source="slave"):
+        if source == "shuffled":
+            raise TrainingDiverged("training diverged at step 0 (loss 7.3); the last good checkpoint is kept")
+        return real(*args, source=source)
+
+    monkeypatch.setattr(fc, "obtain", flaky)
+    m = tiny("tiny-qwen2")
+    docs = corpora.code_docs()[:12] + corpora.english_docs()
+    _, table, _ = fc.measure(m, fc.control_plan("quick"), docs)
+    row = table.iloc[0]
+    assert row["shuffled_diverged"].startswith("training diverged at step 0") and row["shuffled_hi"] != row["shuffled_hi"]
+    assert row["verdict"] not in ("opens and beats its start", "keeps the channel")
