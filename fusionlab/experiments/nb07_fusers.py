@@ -59,13 +59,15 @@ class FuserPlan:
     patience: int | None = None
     val_chunks: int = 4
     """Validation chunks per domain (at most 2 per document)."""
+    eval_per_doc: int = 2
+    """Held-out chunks per document at most: the held-out set spans files, and every control has another document."""
 
 
 def plan(size: str) -> FuserPlan:
     slaves = ["smollm2-135m-instruct", "gemma3-270m"]
     if size == "quick":
         return FuserPlan(slaves[:1], ["slave", "shuffled"], False, 512, 2, 3, 2, [512], [256], tokens=128, train=True,
-                         sweep_gates=(0.3, 1.0))
+                         sweep_gates=(0.3, 1.0), eval_per_doc=1)
     if size == "default":
         return FuserPlan(slaves, list(VARIANTS), True, 8_000, 12, 16, 8, [1024], [256, 1024], train=True,
                          eval_every=8, patience=4)
