@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pandas as pd
+
 from ..analysis.stats import interval
 from ..experiments.nb10_claims import control_verdict, nll_rung_verdict, relay_verdict, rung_verdict
 from ..experiments.nb10_crossing import sentence
@@ -29,15 +31,26 @@ def _cell(r: dict, point: str, lo: str | None = None, hi: str | None = None, spe
     return f"{v:{spec}} {interval(r[lo], r[hi], spec)}"
 
 
+NOT_YET = "_Not measured yet: run notebook 10._"
+
+
+def _table(name: str, head: str, folder: Path | None) -> tuple[pd.DataFrame, str, list[str]] | None:
+    """The largest saved run of table `name` with its size, and the markdown header lines of a block over it."""
+    got = best_table(name, folder)
+    if got is None:
+        return None
+    df, size = got
+    return df, size, [head, "|" + "---|" * (head.count("|") - 1)]
+
+
 def transfer_map_markdown(folder: Path | None = None) -> str:
     """Notebook 10's ladder, nearest rung first: divergence, NLL transfer with its controls, the slave's own gain
     (its ceiling, as a share of the master's gap), the sibling through `lstsq`, the slave on KVComm's layers, the
     text relay and the verdicts."""
-    got = best_table("10_transfer_map", folder)
+    got = _table("10_transfer_map", HEAD, folder)
     if got is None:
-        return "_Not measured yet: run notebook 10._"
-    df, size = got
-    lines = [HEAD, "|" + "---|" * (HEAD.count("|") - 1)]
+        return NOT_YET
+    df, size, lines = got
     for r in df.to_dict("records"):
         lines.append(
             f"| {r['slave']} | {_cell(r, 'kl', spec='.3f')} | {_cell(r, 'distance', spec='.3f')} | "
@@ -75,11 +88,10 @@ def _acc(r: dict, col: str) -> str:
 def offload_ladder_markdown(folder: Path | None = None) -> str:
     """Notebook 10's offload accuracy on synthetic facts, one row per rung (`nb10_offload.accuracy_table`), each
     verdict from `nb10_claims.rung_verdict` on the same row."""
-    got = best_table("10_offload_ladder", folder)
+    got = _table("10_offload_ladder", OFFLOAD_HEAD, folder)
     if got is None:
-        return "_Not measured yet: run notebook 10._"
-    df, size = got
-    lines = [OFFLOAD_HEAD, "|" + "---|" * (OFFLOAD_HEAD.count("|") - 1)]
+        return NOT_YET
+    df, size, lines = got
     for r in df.to_dict("records"):
         lines.append(f"| {r['slave']} | {_acc(r, 'floor')} | {_acc(r, 'skyline')} | {_acc(r, 'ceiling')} | "
                      f"{_acc(r, 'offload')} | {_acc(r, 'control')} | {_cell(r, 'transfer', 'lo', 'hi')} | "
@@ -98,11 +110,10 @@ CONTROL_HEAD = ("| slave | gate parametrisation | gate start → end | held-out 
 def fuser_control_markdown(folder: Path | None = None) -> str:
     """The learned-fuser positive control (`nb10_fuser_control`), one row per trained fuser, verdicts from its
     `control_verdict` on the same row."""
-    got = best_table("10_fuser_control", folder)
+    got = _table("10_fuser_control", CONTROL_HEAD, folder)
     if got is None:
-        return "_Not measured yet: run notebook 10._"
-    df, size = got
-    lines = [CONTROL_HEAD, "|" + "---|" * (CONTROL_HEAD.count("|") - 1)]
+        return NOT_YET
+    df, size, lines = got
     for r in df.to_dict("records"):
         best = "-" if _missing(r.get("best_step")) else int(r["best_step"])
         start = f"{r['start_transfer']:.2f}" + (f" ({r['start']})" if not _missing(r.get("start")) else "")
