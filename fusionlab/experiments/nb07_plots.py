@@ -67,3 +67,25 @@ def plot_edits(edits: pd.DataFrame) -> Any:
     ax.set_xlabel("master layer")
     fig.tight_layout()
     return fig
+
+
+def plot_learning_curve(table: pd.DataFrame) -> Any:
+    """Pooled held-out NLL change against the budget: each run vs the master (left) and each fuser vs the constant
+    control (right), 95 % CIs over documents (`nb07_curve_stats.curve_table`)."""
+    import matplotlib.pyplot as plt
+
+    pooled = table[table["domain"] == "pooled"]
+    fig, axes = plt.subplots(1, 2, figsize=(7.5, 3.0), sharex=True)
+    for ax, against in zip(axes, ("master alone", "constant")):
+        rows = pooled[pooled["against"] == against]
+        for k, (v, g) in enumerate(rows.groupby("variant", sort=True)):
+            g = g.sort_values("budget")
+            ax.errorbar(g["budget"], g["delta"], yerr=[g["delta"] - g["lo"], g["hi"] - g["delta"]], marker="o",
+                        ms=3, lw=1, capsize=2, label=v, color=f"C{k}")
+        ax.axhline(0, color="grey", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("training tokens")
+        ax.set_ylabel(f"held-out NLL - {against}\n(nats/token; below 0: better)")
+        ax.legend(fontsize=5)
+    fig.tight_layout()
+    return fig

@@ -215,3 +215,31 @@ def test_offload_ladder_and_fuser_control_blocks_from_saved_tables(tmp_path):
     assert rows[2] == ("| noise:0 | log | 0.135 → 0.500 | 0.90 [0.80, 1.00] | 0.80 (identity) | 0.00 | 0.05 | "
                        "-0.100 [-0.200, -0.050] | 40 (36) | opens and beats its start |")
     assert "24 held-out windows from 13 documents" in rows[-1]
+
+
+def test_learning_curve_block_from_saved_tables(tmp_path):
+    import numpy as np
+    import pandas as pd
+
+    from fusionlab.experiments import nb07_curve_stats as cs
+    from fusionlab.lab.readme_learning_curve import learning_curve_markdown
+
+    assert learning_curve_markdown(tmp_path).startswith("_Not measured yet")
+    rng, rows = np.random.default_rng(0), []
+    for d in range(6):
+        for dom in ("code", "english"):
+            base, doc = 2 + rng.standard_normal(), f"{dom}/{d}"
+            rows.append({"variant": cs.MASTER, "budget": 0, "domain": dom, "doc": doc, "nll": base})
+            for b in (10_000, 20_000, 40_000):
+                gap = 0.2 - 0.05 * np.log2(b / 10_000)  # closing: crosses 0 near 160K
+                for v, x in (("constant", base - 0.15), ("shuffled r32", base - 0.15),
+                             ("fuser r32", base - 0.15 + gap + 0.01 * rng.standard_normal())):
+                    rows.append({"variant": v, "budget": b, "domain": dom, "doc": doc, "nll": x})
+    nll = pd.DataFrame(rows)
+    nll["chunk"] = nll.groupby(["variant", "budget"]).cumcount()  # chunk k: the same text in every run
+    table = cs.curve_table(nll)
+    table.to_csv(tmp_path / "07_learning_curve.default.csv", index=False)
+    cs.verdicts(nll, table).to_csv(tmp_path / "07_learning_curve_trend.default.csv", index=False)
+    text = learning_curve_markdown(tmp_path)
+    assert "| fuser r32 | 40K | " in text and "| constant | 10K | " in text
+    assert "**trends toward the constant control**" in text and "07_learning_curve.default.csv" in text

@@ -1,0 +1,113 @@
+"""Notebook 07's learning curve: one growing run per variant scored at every budget (tiny models), re-read from the
+cell cache without training; its trend and verdict rules on hand-made frames, degenerate ones included."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import fusionlab as fl
+from fusionlab.experiments import nb07_corpora as corpora, nb07_curve_stats as cs, nb07_learning_curve as lc
+
+BUDGETS = (10_000, 20_000, 40_000)
+
+
+def frame(gap, budgets=BUDGETS, docs=6, noise=0.01, seed=0, moved=True) -> pd.DataFrame:
+    """Per-chunk NLL: the master at 2.0; the constant control 0.15 below it; each fuser `gap(b)` above the constant,
+    the shuffled control and the other-document reading as the constant (no information)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for dom in ("code", "english"):
+        for d in range(docs):
+            for c in range(2):
+                base = 2.0 + 0.3 * rng.standard_normal()
+                doc, k = f"{dom}/{d}.txt", len(rows)
+                rows.append({"variant": cs.MASTER, "budget": 0, "domain": dom, "doc": doc, "chunk": k, "nll": base})
+                for b in budgets:
+                    const = base - (0.15 if moved else 0.0)
+                    e = lambda: noise * rng.standard_normal() if moved else 0.0  # noqa: E731
+                    for v, x in (("constant", const), ("shuffled r32", const + e()),
+                                 ("fuser r32", const + (gap(b) if moved else 0.0) + e()),
+                                 ("fuser r32, other document", const + e())):
+                        rows.append({"variant": v, "budget": b, "domain": dom, "doc": doc, "chunk": k, "nll": x})
+    return pd.DataFrame(rows)
+
+
+def verdict(nll: pd.DataFrame) -> str:
+    return cs.verdicts(nll).set_index("variant").loc["fuser r32", "verdict"]
+
+
+def test_a_fuser_below_both_controls_beats_the_constant():
+    nll = frame(lambda b: -0.1 if b == 40_000 else 0.05)
+    assert verdict(nll) == "beats the constant control"
+    assert cs.curve_claim(nll).verdict == "supported" and cs.curve_claim(nll).claim_id == "X08"
+
+
+def test_a_closing_gap_trends_and_crosses_where_the_line_says():
+    nll = frame(lambda b: 0.2 - 0.05 * np.log2(b / 10_000))  # 0.2, 0.15, 0.10: zero at 10K * 2^4
+    tr = cs.trend(nll, "fuser r32")
+    assert tr["slope"] == pytest.approx(-0.05, abs=0.01) and tr["hi"] < 0
+    assert tr["crossing"] == pytest.approx(160_000, rel=0.25)
+    assert verdict(nll) == "trends toward the constant control"
+    assert cs.curve_claim(nll).verdict == "inconclusive"  # a trend is reported, never judged a gain
+
+
+def test_a_flat_gap_does_not_trend_there():
+    nll = frame(lambda b: 0.1)
+    assert cs.trend(nll, "fuser r32")["crossing"] > cs.REACH * 40_000  # noise may tilt it, never within reach
+    assert verdict(nll) == "does not trend there"
+    slow = frame(lambda b: 0.5 - 0.02 * np.log2(b / 10_000), noise=0.001)  # a real slope, 0 only at 10K * 2^25
+    assert cs.trend(slow, "fuser r32")["hi"] < 0 and verdict(slow) == "does not trend there"
+
+
+def test_degenerate_grids_are_no_evidence():
+    assert verdict(frame(lambda b: 0.0, moved=False)) == "inconclusive"  # all equal to the master: nothing moved
+    assert verdict(frame(lambda b: -0.1, budgets=(10_000, 20_000))) == "beats the constant control"  # a gain is one
+    assert verdict(frame(lambda b: 0.1, budgets=(10_000, 20_000))) == "inconclusive"  # two budgets: no trend
+
+
+def test_thin_domains_are_reported_but_not_pooled():
+    nll = frame(lambda b: 0.1)
+    thin = nll[~((nll["domain"] == "english") & ~nll["doc"].isin(["english/0.txt", "english/1.txt"]))]
+    assert cs.pooled_domains(thin) == ["code"]
+    t = cs.curve_table(thin)
+    pooled = t[(t["domain"] == "pooled") & (t["against"] == "constant")]
+    assert (pooled["docs"] == 6).all()  # code's six files; English (two) shows only in its own rows
+    assert set(t["domain"]) == {"code", "english", "pooled"}
+    assert set(t["against"]) == {"master alone", "constant", "shuffled", "other document"}
+
+
+@pytest.mark.parametrize("kw", [{"budgets": (20_000, 10_000)}, {"budgets": ()}, {"budgets": (0, 5)},
+                                {"widths": (0,)}, {"widths": ()}, {"controls": ("noise",)}])
+def test_bad_plans_are_refused(kw):
+    args = {"slave": "gemma3-270m", "budgets": BUDGETS, "widths": (4, 32), **kw}
+    with pytest.raises(fl.FusionLabError, match="CurvePlan"):
+        lc.CurvePlan(**args)
+
+
+def test_the_curve_trains_once_per_variant_and_rereads(tiny, monkeypatch, tmp_path):
+    monkeypatch.setattr(lc, "cache_dir", lambda: tmp_path)
+    m, s = tiny("tiny-qwen2"), tiny("tiny-llama")
+    docs = corpora.code_docs()[:12] + corpora.english_docs()
+    proj = fl.fit_lstsq(m, s, texts=[d.text[:2000] for d in docs[:4]], holdout_every=0)
+    p = lc.curve_plan("quick")
+    nll = lc.measure(m, s, proj, p, docs)
+    assert set(nll["variant"]) == {"master alone", "fuser r4", "fuser r4, other document", "constant", "shuffled r4"}
+    assert sorted(set(nll["budget"])) == [0, *p.budgets]
+    grown = nll[nll["variant"] == "fuser r4"].groupby("budget")["tokens"].first()
+    assert grown.is_monotonic_increasing and grown.iloc[-1] >= p.budgets[-1]
+    assert nll.groupby(["variant", "budget"])["doc"].nunique().min() >= 2
+
+    monkeypatch.setattr(lc, "train_fuser", lambda *a, **k: pytest.fail("a scored cell was trained again"))
+    again = lc.measure(m, s, proj, p, docs)
+    pd.testing.assert_frame_equal(again, nll)
+
+
+def test_a_checkpoint_past_the_budget_restarts_the_run(tmp_path):
+    ck = tmp_path / "run.ckpt"
+    torch.save({"tokens": 20_000}, ck)
+    lc._rewind_if_past(ck, 30_000)
+    assert ck.exists()
+    lc._rewind_if_past(ck, 10_000)
+    assert not ck.exists()
