@@ -120,6 +120,7 @@ def curve_verdict(table: pd.DataFrame, tr: dict[str, Any]) -> str:
     """One fuser's verdict from its pooled rows and its trend against the constant control:
 
     beats the constant control   at some budget the CI of fuser - constant *and* of fuser - shuffled lies below 0
+                                 (ahead of the constant with no shuffled control measured: inconclusive)
     trends toward ...            not yet, but the slope's CI lies below 0 (it gains on the constant per doubling) and
                                  the line reaches 0 within REACH x the largest budget
     does not trend there         the slope's CI reaches 0 or above, or the line gets there only beyond that reach
@@ -133,10 +134,11 @@ def curve_verdict(table: pd.DataFrame, tr: dict[str, Any]) -> str:
     if not ((moved["lo"] != 0) | (moved["hi"] != 0)).any():
         return "inconclusive"
     by_budget = rows.pivot_table(index="budget", columns="against", values="hi")
-    beats = (by_budget.get(CONSTANT, pd.Series(dtype=float)) < 0) & \
-        (by_budget["shuffled"] < 0 if "shuffled" in by_budget else True)
-    if bool(beats.any()):
-        return "beats the constant control"
+    ahead = by_budget.get(CONSTANT, pd.Series(dtype=float)) < 0
+    if bool(ahead.any()):  # a gain counts only against a control that removes the slave's information as well
+        if "shuffled" in by_budget and bool((ahead & (by_budget["shuffled"] < 0)).any()):
+            return "beats the constant control"
+        return "inconclusive"
     if tr["budgets"] < MIN_BUDGETS or not np.isfinite(tr["slope"]):
         return "inconclusive"
     if tr["hi"] < 0 and tr["crossing"] <= REACH * max(table["budget"]):

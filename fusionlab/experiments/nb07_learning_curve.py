@@ -1,8 +1,8 @@
 """Notebook 07's learning curve: does a slave-fed fuser approach the learned constant control as the budget grows?
 
 One pair (Gemma 270M -> Qwen 0.5B, same-text blend: the pair whose fuser beat its shuffled control), the fuser at two
-capacities and its controls, each *one resumable run* whose token budget grows (default 10K -> 20K -> 40K; full adds
-80K and 160K). The learning rate has no decay tied to the budget (warm-up, then constant), so the state after 10K
+capacities and its controls, each *one resumable run* whose token budget grows (default 5K -> 10K -> 20K on a 40K-token
+training set; full: 5K ... 160K, one epoch at the end). The learning rate has no decay tied to the budget (warm-up, then constant), so the state after 10K
 tokens of a 40K run is the state a 10K run ends in: one run per variant gives every budget's point.
 
     fuser rW        the slave's K/V through lstsq + a rank-W residual, *plus* a slave-free table (`constant_term`):
@@ -55,6 +55,9 @@ class CurvePlan:
     """Token budgets at which every run is scored (ascending; each run grows through them)."""
     widths: tuple[int, ...]
     """Capacities of the slave-fed fuser (residual rank); the controls take the largest."""
+    train_tokens: int | None = None
+    """Size of the fixed training set in tokens (None: the largest budget, about one epoch there). Kept apart from
+    the budgets so that a curve extended by a later sitting keeps its data, its runs and its scored cells."""
     controls: tuple[str, ...] = ("constant", "shuffled")
     tokens: int = 256
     table: int = 64
@@ -75,6 +78,9 @@ class CurvePlan:
                                  "ascending order, e.g. (10_000, 20_000, 40_000).")
         if not self.widths or any(not isinstance(w, int) or w < 1 for w in self.widths):
             raise FusionLabError(f"CurvePlan widths={self.widths!r}: give positive residual ranks, e.g. (4, 32).")
+        if self.train_tokens is not None and (not isinstance(self.train_tokens, int) or self.train_tokens < 1):
+            raise FusionLabError(f"CurvePlan train_tokens={self.train_tokens!r}: give a positive int (or None: the "
+                                 "largest budget).")
         bad = [c for c in self.controls if c not in ("constant", "shuffled")]
         if bad:
             raise FusionLabError(f"CurvePlan controls={self.controls!r}: {bad} unknown; use 'constant', 'shuffled'.")
@@ -85,21 +91,26 @@ def curve_plan(size: str) -> CurvePlan:
         return CurvePlan("gemma3-270m", (128, 256), (4,), tokens=64, eval_per_domain=2, val_per_domain=1, per_doc=1,
                          eval_every=1, table=8, committed=False)
     if size == "default":
-        return CurvePlan("gemma3-270m", (10_000, 20_000, 40_000), (4, 32))
+        return CurvePlan("gemma3-270m", (5_000, 10_000, 20_000), (4, 32), train_tokens=40_000)
     if size == "full":
-        return CurvePlan("gemma3-270m", (10_000, 20_000, 40_000, 80_000, 160_000), (4, 32))
+        return CurvePlan("gemma3-270m", (5_000, 10_000, 20_000, 40_000, 80_000, 160_000), (4, 32))
     raise FusionLabError(f"unknown run size {size!r}: use 'quick', 'default' or 'full'.")
 
 
 def variants(p: CurvePlan, base: LstsqProjector) -> dict[str, FuserConfig]:
-    """Every run of the curve by label: the fusers (one per width), then the controls at the largest width."""
-    fusers = {f"fuser r{w}": FuserConfig(mode="blend", width=w, constant_term=True, table=p.table) for w in p.widths}
+    """Every run of the curve by label, in the order they train: the smallest fuser, the constant control (matched to
+    the largest fuser), the larger fusers, the shuffled-pairing control. The cheapest complete comparison comes
+    first, so a curve stopped early (it resumes) already holds a fuser beside its constant control."""
+    fusers = {f"fuser r{w}": FuserConfig(mode="blend", width=w, constant_term=True, table=p.table)
+              for w in sorted(p.widths)}
     top = fusers[f"fuser r{max(p.widths)}"]
-    out = dict(fusers)
+    first = next(iter(fusers))
+    out = {first: fusers.pop(first)}
     if "constant" in p.controls:
         f = LearnedFuser(base, top)
         out["constant"] = FuserConfig(mode="blend", input="constant",
                                       table=match_table(f.param_count(), len(f.layers), f.heads, f.head_dim))
+    out.update(fusers)
     if "shuffled" in p.controls:
         out[f"shuffled r{max(p.widths)}"] = FuserConfig(mode="blend", width=max(p.widths), input="shuffled",
                                                         constant_term=True, table=p.table)
@@ -112,10 +123,10 @@ def train_config(p: CurvePlan, budget: int) -> TrainConfig:
 
 
 def splits(tokenizer: Any, docs: list[corpora.Doc], p: CurvePlan) -> dict[str, list[TrainChunk]]:
-    """Training chunks for the largest budget (fixed for the whole run: about one epoch at the last budget),
+    """Training chunks of `p.train_tokens` (fixed for the whole run; default: one epoch at the largest budget),
     validation and held-out chunks; documents disjoint, the thin Chinese set left out (`p.domains`)."""
     docs = [d for d in docs if d.domain in p.domains]
-    per_train = p.budgets[-1] // p.tokens // len(p.domains) + 1
+    per_train = (p.train_tokens or p.budgets[-1]) // p.tokens // len(p.domains) + 1
 
     def cut(split: str, n: int, per_doc: int | None) -> list[TrainChunk]:
         return corpora.chunks(tokenizer, docs, split, p.tokens, per_domain=n, per_doc=per_doc)

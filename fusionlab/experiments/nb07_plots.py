@@ -75,15 +75,18 @@ def plot_learning_curve(table: pd.DataFrame) -> Any:
     import matplotlib.pyplot as plt
 
     pooled = table[table["domain"] == "pooled"]
+    colour = {v: f"C{k}" for k, v in enumerate(sorted(pooled["variant"].unique()))}  # one colour per run, both panels
+    budgets = sorted(pooled["budget"].unique())
     fig, axes = plt.subplots(1, 2, figsize=(7.5, 3.0), sharex=True)
     for ax, against in zip(axes, ("master alone", "constant")):
         rows = pooled[pooled["against"] == against]
-        for k, (v, g) in enumerate(rows.groupby("variant", sort=True)):
+        for v, g in rows.groupby("variant", sort=True):
             g = g.sort_values("budget")
             ax.errorbar(g["budget"], g["delta"], yerr=[g["delta"] - g["lo"], g["hi"] - g["delta"]], marker="o",
-                        ms=3, lw=1, capsize=2, label=v, color=f"C{k}")
+                        ms=3, lw=1, capsize=2, label=v, color=colour[v])
         ax.axhline(0, color="grey", lw=0.8)
         ax.set_xscale("log", base=2)
+        ax.set_xticks(budgets, [f"{b / 1000:g}K" for b in budgets])
         ax.set_xlabel("training tokens")
         ax.set_ylabel(f"held-out NLL - {against}\n(nats/token; below 0: better)")
         ax.legend(fontsize=5)

@@ -41,10 +41,11 @@ def learning_curve_markdown(folder: Path | None = None) -> str:
                      f"{_ci(rows, 'shuffled')} | {_ci(rows, 'other document')} |")
     trends = []
     for r in tr.to_dict("records"):
-        cross = f"{_tokens(r['crossing'])} [{_tokens(r['crossing_lo'])}, {_tokens(r['crossing_hi'])}]"
+        cross = ("never reaches 0" if not math.isfinite(r["crossing"]) else
+                 f"reaches 0 at {_tokens(r['crossing'])} [{_tokens(r['crossing_lo'])}, {_tokens(r['crossing_hi'])}] "
+                 "tokens")
         trends.append(f"{r['variant']} − constant: {r['slope']:+.3f} nats per doubling "
-                      f"{interval(r['lo'], r['hi'], '+.3f')}, the fitted line reaches 0 at {cross} tokens: "
-                      f"**{curve_verdict(table, r)}**.")
+                      f"{interval(r['lo'], r['hi'], '+.3f')}, the fitted line {cross}: **{curve_verdict(table, r)}**.")
     n = int(pooled["n"].max())
     docs = int(pooled["docs"].max())
     return "\n".join(lines) + (

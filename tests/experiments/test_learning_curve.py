@@ -9,6 +9,7 @@ import torch
 
 import fusionlab as fl
 from fusionlab.experiments import nb07_corpora as corpora, nb07_curve_stats as cs, nb07_learning_curve as lc
+from fusionlab.training.fuser import LearnedFuser, match_table
 
 BUDGETS = (10_000, 20_000, 40_000)
 
@@ -42,6 +43,8 @@ def test_a_fuser_below_both_controls_beats_the_constant():
     nll = frame(lambda b: -0.1 if b == 40_000 else 0.05)
     assert verdict(nll) == "beats the constant control"
     assert cs.curve_claim(nll).verdict == "supported" and cs.curve_claim(nll).claim_id == "X08"
+    alone = nll[nll["variant"] != "shuffled r32"]  # ahead of the constant, but no control without the slave's information
+    assert verdict(alone) == "inconclusive" and cs.curve_claim(alone).verdict == "inconclusive"
 
 
 def test_a_closing_gap_trends_and_crosses_where_the_line_says():
@@ -102,6 +105,17 @@ def test_the_curve_trains_once_per_variant_and_rereads(tiny, monkeypatch, tmp_pa
     monkeypatch.setattr(lc, "train_fuser", lambda *a, **k: pytest.fail("a scored cell was trained again"))
     again = lc.measure(m, s, proj, p, docs)
     pd.testing.assert_frame_equal(again, nll)
+
+
+def test_the_cheapest_complete_comparison_trains_first(tiny):
+    m, s = tiny("tiny-qwen2"), tiny("tiny-llama")
+    proj = fl.fit_lstsq(m, s, texts=["def f(x):\n    return x + 1\n" * 20], holdout_every=0)
+    p = lc.CurvePlan("tiny", (100, 200, 400), (32, 4))
+    runs = lc.variants(p, proj)
+    assert list(runs) == ["fuser r4", "constant", "fuser r32", "shuffled r32"]
+    big = LearnedFuser(proj, runs["fuser r32"])
+    assert runs["constant"].table == match_table(big.param_count(), len(big.layers), big.heads, big.head_dim)
+    assert all(runs[v].constant_term for v in runs if v != "constant")  # every slave-fed run has its own table
 
 
 def test_a_checkpoint_past_the_budget_restarts_the_run(tmp_path):
