@@ -7,10 +7,12 @@ parameter count. "Beats" = the paired bootstrap 95% CI of the NLL difference lie
 from __future__ import annotations
 
 
+import numpy as np
 import pandas as pd
 
 from ..analysis.stats import interval
 from .claim import Claim
+from .nb07_curve_stats import CONSTANT, MIN_DOCS, curve_table, verdicts
 
 NB = "07_learned_fuser"
 MIN_CHUNKS = 20
@@ -77,3 +79,33 @@ def never_worse(table: pd.DataFrame, pass_pairs: pd.DataFrame | None = None) -> 
                                                                           "only_setting"]].itertuples(index=False)}
         out["humaneval_ok"] = [next((v for k, v in ok.items() if s in k), None) for s in out["slave"]]
     return out
+
+
+def _budget(b: float) -> str:
+    return "never" if not np.isfinite(b) else f"{b / 1000:,.0f}K" if b < 1e7 else f"{b:.1e}"
+
+
+def curve_claim(nll: pd.DataFrame, slave: str = "Gemma 270M") -> Claim:
+    """X08. Supported iff some fuser beats the constant (and shuffled) control at some budget. Otherwise
+    inconclusive: a same-text fuser has no positive control here (a slave that knows more than the master), so
+    "no budget gets there" is reported as a trend, never judged."""
+    table = curve_table(nll)
+    v = verdicts(nll, table)
+    pooled = table[(table["domain"] == "pooled") & (table["against"] == CONSTANT)]
+    parts = []
+    for r in v.itertuples():
+        last = pooled[pooled["variant"] == r.variant].sort_values("budget").tail(1)
+        at = (f"at {_budget(last['budget'].iloc[0])} tokens {last['delta'].iloc[0]:+.3f} "
+              f"{interval(last['lo'].iloc[0], last['hi'].iloc[0], '+.3f')}" if len(last) else "no rows")
+        parts.append(f"{r.variant} - constant {at}; slope {r.slope:+.3f}/doubling {interval(r.lo, r.hi, '+.3f')}, "
+                     f"crosses 0 at {_budget(r.crossing)}: {r.verdict}")
+    verdict = "supported" if (v["verdict"] == "beats the constant control").any() else "inconclusive"
+    docs = int(pooled["docs"].max()) if len(pooled) else 0
+    return Claim(claim="with enough training tokens a slave-fed fuser beats learned constant slots on held-out "
+                       "documents (information from the slave, not an adapter)",
+                 seed_section="2.2 / C2C", seed_value="C2C: fusers carry the sharer's knowledge",
+                 measured="; ".join(parts) + " (held-out NLL, nats/token)",
+                 n=f"{docs} held-out documents pooled (domains with >= {MIN_DOCS}), budgets "
+                   + ", ".join(_budget(b) for b in sorted(set(nll['budget']) - {0})),
+                 setup=f"Qwen 0.5B master; {slave} slave; blend fusers with a slave-free table, best by validation",
+                 verdict=verdict, claim_id="X08", notebook="07_learned_fuser")

@@ -6,7 +6,7 @@ rules are tested on hand-made frames, degenerate ones included.
                   documents (cluster bootstrap)
     trend         fuser - constant against log2(budget): the slope (nats per doubling), its CI over documents, and the
                   budget at which the fitted line would cross 0 (the fuser catching the constant control)
-    curve_verdict one rule per fuser; `curve_claim` (X08) over them
+    curve_verdict one rule per fuser (X08, `nb07_claims.curve_claim`, is judged from these)
 """
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..analysis.stats import cluster_bootstrap_ci, interval
-from .claim import Claim
+from ..analysis.stats import cluster_bootstrap_ci
 
 MASTER, CONSTANT, OTHER = "master alone", "constant", "other document"
 MIN_DOCS = 5
@@ -44,8 +43,8 @@ def _against(variant: str, variants: set[str]) -> list[tuple[str, str | None]]:
     out: list[tuple[str, str | None]] = [(MASTER, None)]
     if variant != CONSTANT and CONSTANT in variants:
         out.append((CONSTANT, CONSTANT))
-    shuffled = next((v for v in sorted(variants) if v.startswith("shuffled")), None)
-    if variant.startswith("fuser") and shuffled:
+    shuffled = variant.replace("fuser", "shuffled", 1)  # the control of the same width, never another's
+    if variant.startswith("fuser") and shuffled in variants:
         out.append(("shuffled", shuffled))
     if f"{variant}, {OTHER}" in variants:
         out.append((OTHER, f"{variant}, {OTHER}"))
@@ -119,8 +118,13 @@ def trend(nll: pd.DataFrame, variant: str, against: str = CONSTANT, n_boot: int 
 def curve_verdict(table: pd.DataFrame, tr: dict[str, Any]) -> str:
     """One fuser's verdict from its pooled rows and its trend against the constant control:
 
-    beats the constant control   at some budget the CI of fuser - constant *and* of fuser - shuffled lies below 0
-                                 (ahead of the constant with no shuffled control measured: inconclusive)
+    beats the constant control   at some budget the CI of fuser - constant, of fuser - shuffled (its own width)
+                                 *and* of fuser - itself reading another document lies below 0
+    ahead of the constant, not of its controls
+                                 ahead of the constant at some budget, both controls measured there, but at no such
+                                 budget does it beat both: what it gains over the constant, a fuser fed another
+                                 document's K/V gains too (the architecture's, not the slave's); a control missing:
+                                 inconclusive
     trends toward ...            not yet, but the slope's CI lies below 0 (it gains on the constant per doubling) and
                                  the line reaches 0 within REACH x the largest budget
     does not trend there         the slope's CI reaches 0 or above, or the line gets there only beyond that reach
@@ -136,9 +140,11 @@ def curve_verdict(table: pd.DataFrame, tr: dict[str, Any]) -> str:
     by_budget = rows.pivot_table(index="budget", columns="against", values="hi")
     ahead = by_budget.get(CONSTANT, pd.Series(dtype=float)) < 0
     if bool(ahead.any()):  # a gain counts only against a control that removes the slave's information as well
-        if "shuffled" in by_budget and bool((ahead & (by_budget["shuffled"] < 0)).any()):
+        if not {"shuffled", OTHER} <= set(by_budget) or by_budget.loc[ahead, ["shuffled", OTHER]].isna().any().any():
+            return "inconclusive"
+        if bool((ahead & (by_budget["shuffled"] < 0) & (by_budget[OTHER] < 0)).any()):
             return "beats the constant control"
-        return "inconclusive"
+        return "ahead of the constant, not of its controls"
     if tr["budgets"] < MIN_BUDGETS or not np.isfinite(tr["slope"]):
         return "inconclusive"
     if tr["hi"] < 0 and tr["crossing"] <= REACH * max(table["budget"]):
@@ -152,33 +158,3 @@ def verdicts(nll: pd.DataFrame, table: pd.DataFrame | None = None) -> pd.DataFra
     fusers = sorted({v for v in nll["variant"] if v.startswith("fuser") and OTHER not in v})
     rows = [trend(nll, v) for v in fusers]
     return pd.DataFrame([{**r, "verdict": curve_verdict(table, r)} for r in rows])
-
-
-def _budget(b: float) -> str:
-    return "never" if not np.isfinite(b) else f"{b / 1000:,.0f}K" if b < 1e7 else f"{b:.1e}"
-
-
-def curve_claim(nll: pd.DataFrame, slave: str = "Gemma 270M") -> Claim:
-    """X08. Supported iff some fuser beats the constant (and shuffled) control at some budget. Otherwise
-    inconclusive: a same-text fuser has no positive control here (a slave that knows more than the master), so
-    "no budget gets there" is reported as a trend, never judged."""
-    table = curve_table(nll)
-    v = verdicts(nll, table)
-    pooled = table[(table["domain"] == "pooled") & (table["against"] == CONSTANT)]
-    parts = []
-    for r in v.itertuples():
-        last = pooled[pooled["variant"] == r.variant].sort_values("budget").tail(1)
-        at = (f"at {_budget(last['budget'].iloc[0])} tokens {last['delta'].iloc[0]:+.3f} "
-              f"{interval(last['lo'].iloc[0], last['hi'].iloc[0], '+.3f')}" if len(last) else "no rows")
-        parts.append(f"{r.variant} - constant {at}; slope {r.slope:+.3f}/doubling {interval(r.lo, r.hi, '+.3f')}, "
-                     f"crosses 0 at {_budget(r.crossing)}: {r.verdict}")
-    verdict = "supported" if (v["verdict"] == "beats the constant control").any() else "inconclusive"
-    docs = int(pooled["docs"].max()) if len(pooled) else 0
-    return Claim(claim="with enough training tokens a slave-fed fuser beats learned constant slots on held-out "
-                       "documents (information from the slave, not an adapter)",
-                 seed_section="2.2 / C2C", seed_value="C2C: fusers carry the sharer's knowledge",
-                 measured="; ".join(parts) + " (held-out NLL, nats/token)",
-                 n=f"{docs} held-out documents pooled (domains with >= {MIN_DOCS}), budgets "
-                   + ", ".join(_budget(b) for b in sorted(set(nll['budget']) - {0})),
-                 setup=f"Qwen 0.5B master; {slave} slave; blend fusers with a slave-free table, best by validation",
-                 verdict=verdict, claim_id="X08", notebook="07_learned_fuser")

@@ -99,21 +99,21 @@ def curve_plan(size: str) -> CurvePlan:
 
 def variants(p: CurvePlan, base: LstsqProjector) -> dict[str, FuserConfig]:
     """Every run of the curve by label, in the order they train: the smallest fuser, the constant control (matched to
-    the largest fuser), the larger fusers, the shuffled-pairing control. The cheapest complete comparison comes
-    first, so a curve stopped early (it resumes) already holds a fuser beside its constant control."""
-    fusers = {f"fuser r{w}": FuserConfig(mode="blend", width=w, constant_term=True, table=p.table)
-              for w in sorted(p.widths)}
-    top = fusers[f"fuser r{max(p.widths)}"]
-    first = next(iter(fusers))
-    out = {first: fusers.pop(first)}
-    if "constant" in p.controls:
-        f = LearnedFuser(base, top)
-        out["constant"] = FuserConfig(mode="blend", input="constant",
-                                      table=match_table(f.param_count(), len(f.layers), f.heads, f.head_dim))
-    out.update(fusers)
-    if "shuffled" in p.controls:
-        out[f"shuffled r{max(p.widths)}"] = FuserConfig(mode="blend", width=max(p.widths), input="shuffled",
-                                                        constant_term=True, table=p.table)
+    the largest fuser), the smallest fuser's shuffled-pairing control, then each larger fuser and its own shuffled
+    control. A fuser is judged only against the shuffled control of its own width (same architecture, same table,
+    another document's K/V), and the cheapest complete comparison comes first, so a curve stopped early (it resumes)
+    already holds one fuser beside both of its controls."""
+    def fuser(w: int, reads: str) -> FuserConfig:
+        return FuserConfig(mode="blend", width=w, input=reads, constant_term=True, table=p.table)
+    out: dict[str, FuserConfig] = {}
+    for k, w in enumerate(sorted(p.widths)):
+        out[f"fuser r{w}"] = fuser(w, "slave")
+        if k == 0 and "constant" in p.controls:
+            f = LearnedFuser(base, fuser(max(p.widths), "slave"))
+            out["constant"] = FuserConfig(mode="blend", input="constant",
+                                          table=match_table(f.param_count(), len(f.layers), f.heads, f.head_dim))
+        if "shuffled" in p.controls:
+            out[f"shuffled r{w}"] = fuser(w, "shuffled")
     return out
 
 
@@ -152,7 +152,6 @@ def measure(master: LM, slave: LM, proj: LstsqProjector, p: CurvePlan, docs: lis
     data = splits(master.tokenizer, docs, p)
     held = data["heldout"]
     runs = variants(p, proj)
-    top = f"fuser r{max(p.widths)}"
     fixed = _digest(master.fingerprint, slave.fingerprint, proj.meta.get("layer_map"),
                     [c.text for c in data["train"]], [c.text for c in data["validation"]])
     held_id = _digest([c.text for c in held])
@@ -161,29 +160,32 @@ def measure(master: LM, slave: LM, proj: LstsqProjector, p: CurvePlan, docs: lis
     cells = [Cell(cell_key("curve", fixed, held_id, "master"), {"variant": MASTER, "budget": 0})]
     for label, cfg in runs.items():
         for b in p.budgets:
-            cells.append(Cell(cell_key("curve", fixed, held_id, asdict(cfg), asdict(train_config(p, b))),
-                              {"variant": label, "budget": b}, (label, cfg, b)))
+            key = cell_key("curve", fixed, held_id, asdict(cfg), asdict(train_config(p, b)))
+            cells.append(Cell(key, {"variant": label, "budget": b}, (label, cfg, b, False)))
+            kept = key in store and store[key].get("nll_other")  # scored inside the fuser's cell by earlier runs
+            if label.startswith("fuser") and not kept:  # the same trained fuser reading another document
+                cells.append(Cell(cell_key("curve other document", key), {"variant": f"{label}, {OTHER}",
+                                                                          "budget": b}, (label, cfg, b, True)))
 
     def compute(_: Any, c: Cell) -> dict[str, Any]:
         if c.item is None:
             return {"nll": fz.chunk_nll(master, fz.Evaluated(MASTER, None), held, "same")}
-        label, cfg, b = c.item
+        label, cfg, b, other = c.item
         ck = cache_dir() / "curves" / f"{master.name}__{slave.name}__{label.replace(' ', '_')}." \
                                       f"{_digest(fixed, asdict(cfg), asdict(train_config(p, 1)))}.ckpt"
         _rewind_if_past(ck, b)
         r = train_fuser(master, slave, data["train"], cfg, train_config(p, b), projector=proj, checkpoint=ck,
                         validation=data["validation"])
         m = r.manifest
-        out = {"nll": fz.chunk_nll(master, fz.Evaluated(label, r.fuser, slave), held, "same"), "tokens": m["tokens"],
-               "steps": m["steps"], "best_step": m.get("best_step"), "val_gain": m.get("best_val_gain"),
-               "seconds": m["seconds"], "params": r.fuser.param_count()}
-        if label == top:  # the same fuser reading another document: the slave's information removed
-            out["nll_other"] = fz.chunk_nll(master, fz.Evaluated(label, r.fuser, slave, reads="shuffled"), held, "same")
-        return out
+        reads = fz.Evaluated(label, r.fuser, slave, reads="shuffled" if other else "matched")
+        return {"nll": fz.chunk_nll(master, reads, held, "same"), "tokens": m["tokens"], "steps": m["steps"],
+                "best_step": m.get("best_step"), "val_gain": m.get("best_val_gain"), "seconds": m["seconds"],
+                "params": r.fuser.param_count()}
 
     recs = run_cells(store, cells, nullcontext, compute, desc="learning curve")
     rows = []
     for rec in recs:
+        # (earlier runs of the largest fuser kept its other-document reading inside the fuser's own cell)
         for name, key in ((rec["variant"], "nll"), (f"{rec['variant']}, {OTHER}", "nll_other")):
             for k, (ch, v) in enumerate(zip(held, rec.get(key) or [])):
                 rows.append({"variant": name, "budget": rec["budget"], "domain": ch.doc.split("/")[0],

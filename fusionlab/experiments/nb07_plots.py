@@ -74,7 +74,11 @@ def plot_learning_curve(table: pd.DataFrame) -> Any:
     control (right), 95 % CIs over documents (`nb07_curve_stats.curve_table`)."""
     import matplotlib.pyplot as plt
 
-    pooled = table[table["domain"] == "pooled"]
+    # pooled when enough documents pool (`MIN_DOCS`), else the domain with the most documents (QUICK's few files)
+    # (a "pooled" row always exists; with no domain pooled it is empty: n = 0)
+    pooled_rows = (table["domain"] == "pooled") & (table["n"] > 0)
+    scope = "pooled" if pooled_rows.any() else table[table["n"] > 0].groupby("domain")["docs"].max().idxmax()
+    pooled = table[table["domain"] == scope]
     colour = {v: f"C{k}" for k, v in enumerate(sorted(pooled["variant"].unique()))}  # one colour per run, both panels
     budgets = sorted(pooled["budget"].unique())
     fig, axes = plt.subplots(1, 2, figsize=(7.5, 3.0), sharex=True)
@@ -90,5 +94,6 @@ def plot_learning_curve(table: pd.DataFrame) -> Any:
         ax.set_xlabel("training tokens")
         ax.set_ylabel(f"held-out NLL - {against}\n(nats/token; below 0: better)")
         ax.legend(fontsize=5)
+    fig.suptitle("pooled over domains" if scope == "pooled" else f"{scope} only (too few documents to pool)", fontsize=7)
     fig.tight_layout()
     return fig

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import fusionlab as fl
-from fusionlab.experiments import nb07_corpora as corpora, nb07_curve_stats as cs, nb07_learning_curve as lc
+from fusionlab.experiments import nb07_claims as fc, nb07_corpora as corpora, nb07_curve_stats as cs, nb07_learning_curve as lc
 from fusionlab.training.fuser import LearnedFuser, match_table
 
 BUDGETS = (10_000, 20_000, 40_000)
@@ -42,9 +42,20 @@ def verdict(nll: pd.DataFrame) -> str:
 def test_a_fuser_below_both_controls_beats_the_constant():
     nll = frame(lambda b: -0.1 if b == 40_000 else 0.05)
     assert verdict(nll) == "beats the constant control"
-    assert cs.curve_claim(nll).verdict == "supported" and cs.curve_claim(nll).claim_id == "X08"
-    alone = nll[nll["variant"] != "shuffled r32"]  # ahead of the constant, but no control without the slave's information
-    assert verdict(alone) == "inconclusive" and cs.curve_claim(alone).verdict == "inconclusive"
+    assert fc.curve_claim(nll).verdict == "supported" and fc.curve_claim(nll).claim_id == "X08"
+    for control in ("shuffled r32", "fuser r32, other document"):  # ahead of the constant, a control missing
+        alone = nll[nll["variant"] != control]
+        assert verdict(alone) == "inconclusive" and fc.curve_claim(alone).verdict == "inconclusive"
+    narrow = nll.replace({"variant": {"shuffled r32": "shuffled r4"}})  # another width's control is no control
+    assert verdict(narrow) == "inconclusive"
+
+
+def test_a_fuser_no_better_than_itself_reading_another_document_does_not_beat():
+    nll = frame(lambda b: -0.1)
+    same = nll[nll["variant"] == "fuser r32"].assign(variant="fuser r32, other document")
+    nll = pd.concat([nll[nll["variant"] != "fuser r32, other document"], same], ignore_index=True)
+    assert verdict(nll) == "ahead of the constant, not of its controls"
+    assert fc.curve_claim(nll).verdict == "inconclusive"
 
 
 def test_a_closing_gap_trends_and_crosses_where_the_line_says():
@@ -53,7 +64,7 @@ def test_a_closing_gap_trends_and_crosses_where_the_line_says():
     assert tr["slope"] == pytest.approx(-0.05, abs=0.01) and tr["hi"] < 0
     assert tr["crossing"] == pytest.approx(160_000, rel=0.25)
     assert verdict(nll) == "trends toward the constant control"
-    assert cs.curve_claim(nll).verdict == "inconclusive"  # a trend is reported, never judged a gain
+    assert fc.curve_claim(nll).verdict == "inconclusive"  # a trend is reported, never judged a gain
 
 
 def test_a_flat_gap_does_not_trend_there():
@@ -97,6 +108,7 @@ def test_the_curve_trains_once_per_variant_and_rereads(tiny, monkeypatch, tmp_pa
     p = lc.curve_plan("quick")
     nll = lc.measure(m, s, proj, p, docs)
     assert set(nll["variant"]) == {"master alone", "fuser r4", "fuser r4, other document", "constant", "shuffled r4"}
+    assert len(nll[nll["variant"] == "fuser r4, other document"]) == len(nll[nll["variant"] == "fuser r4"])
     assert sorted(set(nll["budget"])) == [0, *p.budgets]
     grown = nll[nll["variant"] == "fuser r4"].groupby("budget")["tokens"].first()
     assert grown.is_monotonic_increasing and grown.iloc[-1] >= p.budgets[-1]
@@ -112,7 +124,7 @@ def test_the_cheapest_complete_comparison_trains_first(tiny):
     proj = fl.fit_lstsq(m, s, texts=["def f(x):\n    return x + 1\n" * 20], holdout_every=0)
     p = lc.CurvePlan("tiny", (100, 200, 400), (32, 4))
     runs = lc.variants(p, proj)
-    assert list(runs) == ["fuser r4", "constant", "fuser r32", "shuffled r32"]
+    assert list(runs) == ["fuser r4", "constant", "shuffled r4", "fuser r32", "shuffled r32"]
     big = LearnedFuser(proj, runs["fuser r32"])
     assert runs["constant"].table == match_table(big.param_count(), len(big.layers), big.heads, big.head_dim)
     assert all(runs[v].constant_term for v in runs if v != "constant")  # every slave-fed run has its own table
@@ -125,3 +137,18 @@ def test_a_checkpoint_past_the_budget_restarts_the_run(tmp_path):
     assert ck.exists()
     lc._rewind_if_past(ck, 10_000)
     assert not ck.exists()
+
+
+@pytest.mark.parametrize("docs", [6, 2])
+def test_the_curve_figure_draws_pooled_or_the_largest_domain(docs):
+    """With too few documents to pool (QUICK), the figure draws the domain with the most documents instead of an
+    empty pooled panel (which once failed on its log axis)."""
+    import matplotlib.pyplot as plt
+
+    from fusionlab.experiments import nb07_plots
+
+    fig = nb07_plots.plot_learning_curve(cs.curve_table(frame(lambda b: 0.05, docs=docs)))
+    fig.canvas.draw()  # the log axis is resolved here
+    assert ("pooled" in fig._suptitle.get_text()) == (docs >= cs.MIN_DOCS)
+    assert all(ax.lines for ax in fig.axes)
+    plt.close(fig)
