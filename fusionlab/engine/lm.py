@@ -25,6 +25,24 @@ class LM:
     source_sha256: str | None = None
     """sha256 of the file the weights came from (the assembled GGUF for embedded models)."""
     extra: dict[str, Any] = field(default_factory=dict)
+    _rebuild: dict[str, Any] | None = field(default=None, repr=False)
+    _state_at_rebuild: int | None = field(default=None, repr=False)
+
+    def remember_rebuild(self, how: dict[str, Any]) -> None:
+        """Record how to make this exact LM again (`fusionlab.models.rebuild`), as it is now. A Ray worker then
+        loads it itself instead of receiving its weights; any later change to the weights or config voids it."""
+        self._rebuild, self._state_at_rebuild = how, self._state()
+
+    def rebuild_recipe(self) -> dict[str, Any] | None:
+        """The recorded recipe while the model is untouched since it was recorded, else None (send it by value)."""
+        return self._rebuild if self._rebuild is not None and self._state() == self._state_at_rebuild else None
+
+    def _state(self) -> int:
+        """Cheap token of the model's current state: each tensor's storage, shape and in-place version counter,
+        and the config. Any in-place edit (add_, copy_), replaced tensor or config change alters it."""
+        tensors = [*self.model.named_parameters(), *self.model.named_buffers()]
+        return hash((tuple((n, t.data_ptr(), tuple(t.shape), t._version) for n, t in tensors),
+                     self.model.config.to_json_string()))
 
     @cached_property
     def spec(self) -> ModelSpec:

@@ -182,7 +182,10 @@ def measure(master: LM, slave: LM, proj: LstsqProjector, p: CurvePlan, docs: lis
                 "best_step": m.get("best_step"), "val_gain": m.get("best_val_gain"), "seconds": m["seconds"],
                 "params": r.fuser.param_count()}
 
-    recs = run_cells(store, cells, nullcontext, compute, desc="learning curve")
+    # one run per variant grows through the budgets from one checkpoint: its cells (and its other-document readings)
+    # form a chain, computed in order by one worker
+    recs = run_cells(store, cells, nullcontext, compute, desc="learning curve",
+                     chain=lambda c: c.item[0] if c.item else MASTER)
     rows = []
     for rec in recs:
         # (earlier runs of the largest fuser kept its other-document reading inside the fuser's own cell)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -29,6 +30,7 @@ from typing import Any, Iterator
 import pandas as pd
 import torch
 
+from ..cells import Cell, CellCache, cell_key, run_cells
 from ..engine.lm import LM
 from ..engine.projector import LstsqProjector
 from ..errors import FusionLabError
@@ -145,6 +147,40 @@ def obtain(master: LM, sib: LM, recipe: str, opening: str, p: ControlPlan, data:
     return r.fuser, r.history, "trained now"
 
 
+def train_runs(master: LM, p: ControlPlan, data: dict[str, list[TrainChunk]],
+               foreign: dict[str, tuple[LM, LstsqProjector]]) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """Every fuser of the plan trained (or found finished) as a grid of cells, one per (slave, opening, input), so
+    the runs spread over Ray's workers when asked (`cells.run_cells`); each saves its fuser where `obtain` reloads
+    it. Returns, per run, {"diverged": why it has no fuser ('' when it has one: a shuffled-pairing start past the
+    divergence bound is recorded, never retried), "trained_now": whether this call trained it}."""
+    runs = [(label, o, "slave") for label, openings in _openings(p, foreign) for o in openings]
+    runs += [(label, openings[-1], "shuffled") for label, openings in _openings(p, foreign)]
+    cells = [Cell(cell_key("fuser control run", master.fingerprint, label, opening, source,
+                           foreign[label][0].fingerprint if label in foreign else label,
+                           asdict(config_for(p, opening, source)), asdict(train_config(p)),
+                           [c.text for c in data["train"]], [c.text for c in data["validation"]]),
+                  {"rung": label, "opening": opening, "source": source}, (label, opening, source))
+             for label, opening, source in runs]
+
+    def compute(_: Any, c: Cell) -> dict[str, Any]:
+        label, opening, source = c.item
+        lm, warm = foreign[label] if label in foreign else (sib := sibling(master, label), identity_start(master, sib))
+        try:
+            return {"fuser": obtain(master, lm, label, opening, p, data, warm, source=source)[2], "diverged": ""}
+        except TrainingDiverged as e:  # its start (the warm start fed another document's K/V) is past the bound
+            return {"fuser": None, "diverged": str(e).split(";")[0]}
+
+    store = CellCache((data_dir() / "results" if p.committed else cache_dir()) / "10_fuser_control_runs.jsonl")
+    todo = {c.key for c in cells if c.key not in store}
+    recs = run_cells(store, cells, nullcontext, compute, desc="fuser control: training")
+    return {c.item: {"diverged": r["diverged"], "trained_now": c.key in todo and r["fuser"] == "trained now"}
+            for c, r in zip(cells, recs)}
+
+
+def _openings(p: ControlPlan, foreign: dict[str, Any]) -> list[tuple[str, list[str]]]:
+    return [(r, p.openings) for r in p.rungs] + [(label, p.foreign_openings) for label in foreign]
+
+
 def measure(master: LM, p: ControlPlan, docs: list[corpora.Doc],
             foreign: dict[str, tuple[LM, LstsqProjector]] | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """Every rung's fusers (one per opening, warm-started from the rung's identity channel) and each foreign
@@ -156,6 +192,7 @@ def measure(master: LM, p: ControlPlan, docs: list[corpora.Doc],
     held = {d: v for d, v in held.items() if len({c.doc for c in v}) >= 2}  # a control needs another document
     if not held:
         raise FusionLabError("no domain has held-out chunks from 2 documents: lower ControlPlan.tokens.")
+    runs = train_runs(master, p, data, foreign or {})
     base = [fz.Evaluated(FLOOR, None, role="floor"), fz.Evaluated(SKYLINE, None, role="skyline")]
     floor_sky = fz.nll_table(master, base, held, "offload")
     tables, rows, histories, diverged = [floor_sky], [], {}, {}
@@ -172,18 +209,20 @@ def measure(master: LM, p: ControlPlan, docs: list[corpora.Doc],
         ev = [fz.Evaluated(start, warm, lm, mode="concat", role="start")]
         trained = {}
         for opening in openings:
-            trained[opening] = obtain(master, lm, label, opening, p, data, warm)
+            f, hist, source = obtain(master, lm, label, opening, p, data, warm)  # finished by train_runs: reloads
+            trained[opening] = f, hist, "trained now" if runs[(label, opening, "slave")]["trained_now"] else source
             name = f"{label} fuser ({opening})"
             ev += [fz.Evaluated(name, trained[opening][0], lm, mode="concat", role="fuser"),
                    fz.Evaluated(f"{name}, other document", trained[opening][0], lm, mode="concat", reads="shuffled",
                                 role="control")]
             histories[f"{label} {opening}"] = trained[opening][1]
-        try:  # its start (the warm start fed another document's K/V) can be past the divergence bound already
+        diverged_why = runs[(label, openings[-1], "shuffled")]["diverged"]
+        if diverged_why:  # no such control then: the rule cannot call the fuser above it
+            diverged[label] = diverged_why
+        else:
             shuffled = obtain(master, lm, label, openings[-1], p, data, warm, source="shuffled")
             histories[f"{label} {openings[-1]}, shuffled pairing"] = shuffled[1]
             ev.append(fz.Evaluated(f"{label} shuffled-pairing fuser", shuffled[0], lm, mode="concat", role="control"))
-        except TrainingDiverged as e:  # no such control then: the rule cannot call the fuser above it
-            diverged[label] = str(e).split(";")[0]
         nll = pd.concat([floor_sky, fz.nll_table(master, ev, held, "offload")], ignore_index=True)
         tables.append(nll.iloc[len(floor_sky):].assign(rung=label))
         rows += [{**_row(nll, label, opening, f, hist, source, start), "start": how,

@@ -65,7 +65,13 @@ def cmd_lab(args: argparse.Namespace) -> int:
     from .readme import write_ledger
     from .runner import run_all
 
-    times = run_all(full=args.full or full(), only=args.only)  # `lab --full` or FUSIONLAB_FULL=1
+    if args.ray:  # Ray is the optional extra: imported only when asked for
+        from .ray_cells import check_reachable, require_ray
+
+        require_ray()
+        if args.ray != "local":
+            check_reachable(args.ray)  # within seconds, before any notebook starts
+    times = run_all(full=args.full or full(), only=args.only, ray=args.ray)  # `lab --full` or FUSIONLAB_FULL=1
     write_ledger()
     print("notebook times:", ", ".join(f"{n} {t:.0f}s" for n, t in times))
     return 0
@@ -171,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     lab = sub.add_parser("lab", help="execute every notebook headless, write figures and the README ledger")
     lab.add_argument("--full", action="store_true", help="full grids (hours on CPU)")
     lab.add_argument("--only", nargs="+", default=None, metavar="NN", help="run only these notebooks, e.g. --only 04 07")
+    lab.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                     help="run every grid on Ray: a local Ray instance, or the cluster at ADDRESS (host:port)")
     lab.set_defaults(fn=cmd_lab)
     sub.add_parser("ledger", help="regenerate the README claims table from saved results").set_defaults(fn=cmd_ledger)
     rd = sub.add_parser("rerun-diff", help="compare a notebook's HumanEval rerun, problem by problem, with the run "

@@ -14,6 +14,7 @@ from ..analysis.stats import interval
 from ..experiments import nb04_humaneval as he
 from ..paths import bench_results_dir, notebooks_dir, readme_path
 from .readme_transfer_map import fuser_control_markdown, offload_ladder_markdown, transfer_map_markdown
+from .readme_cluster import ray_markdown
 from .readme_learning_curve import learning_curve_markdown
 from .results import VERDICTS, best_table, ledger, lab_times
 from .scorecard import posts_claims, verdict_counts
@@ -282,7 +283,7 @@ def blocks() -> dict[str, str]:
             "reliability": reliability_markdown(), "labtimes": labtimes_markdown(), "fusers": fusers_markdown(),
             "transfermap": transfer_map_markdown(),
             "offloadladder": offload_ladder_markdown(), "fusercontrol": fuser_control_markdown(), "learningcurve": learning_curve_markdown(),
-            "tests": tests_markdown()}
+            "cluster": ray_markdown(), "tests": tests_markdown()}
 
 
 def write_ledger(readme: Path | None = None) -> str:

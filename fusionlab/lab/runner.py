@@ -1,20 +1,25 @@
 """Execute notebooks headless (nbclient), in order, with visible progress; executed copies go to an ignored folder."""
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from ..cells import read_tally
+from ..cells import RAY_ENV, read_tally
 from ..errors import FusionLabError
 from ..paths import notebooks_dir, repo_root
-from .results import record_lab_time
+from .results import lab_times, record_lab_time
 
 
 def notebook_paths(folder: Path | None = None) -> list[Path]:
     return sorted(p for p in Path(folder or notebooks_dir()).glob("[0-9][0-9]_*.ipynb"))
+
+
+def code_cells(path: Path) -> int:
+    return sum(c.get("cell_type") == "code" for c in json.loads(path.read_text(encoding="utf-8"))["cells"])
 
 
 def kernel_of(nb: Any) -> str:
@@ -31,8 +36,33 @@ def kernel_of(nb: Any) -> str:
     return name
 
 
+class CellProgress:
+    """One line per finished code cell while a notebook runs: the cell, elapsed time against the last recorded run
+    of this notebook (`lab_times.<size>.json`), and each grid the cell finished (from the cell tally)."""
+
+    def __init__(self, name: str, code_cells: int, estimate_s: float | None, tally: Path | None):
+        self.name, self.code_cells, self.estimate_s, self.tally = name, code_cells, estimate_s, tally
+        self.t0, self.done, self.grids_seen = time.perf_counter(), 0, 0
+
+    def line(self) -> str:
+        elapsed = time.perf_counter() - self.t0
+        of = f" of ~{self.estimate_s:.0f} s (last run)" if self.estimate_s else ""
+        out = f"    {self.name}: cell {self.done}/{self.code_cells} done, {elapsed:.0f} s{of}"
+        grids = self.tally.read_text(encoding="utf-8").splitlines() if self.tally and self.tally.exists() else []
+        for raw in grids[self.grids_seen:]:
+            g = json.loads(raw)
+            out += f"\n      grid {g['desc']!r}: {g['computed']} computed, {g['cached']} from the cache"
+        self.grids_seen = len(grids)
+        return out
+
+    def __call__(self, cell: Any, **_: Any) -> None:
+        if cell.get("cell_type") == "code":
+            self.done += 1
+            print(self.line(), flush=True)
+
+
 def execute(path: Path, out_dir: Path | None = None, timeout: int | None = 3600,
-            env: dict[str, str] | None = None, html: bool = True) -> Path:
+            env: dict[str, str] | None = None, html: bool = True, progress: CellProgress | None = None) -> Path:
     """Run one notebook top to bottom in its own folder (raise with the failing cell's error); the executed copy keeps
     its widget state, and an HTML export with the figures inline is written beside it."""
     import nbformat
@@ -42,8 +72,11 @@ def execute(path: Path, out_dir: Path | None = None, timeout: int | None = 3600,
     os.environ.update(env or {})
     try:
         nb = nbformat.read(path, as_version=4)
-        NotebookClient(nb, timeout=timeout, kernel_name=kernel_of(nb), store_widget_state=True,
-                       resources={"metadata": {"path": str(path.parent)}}).execute()
+        client = NotebookClient(nb, timeout=timeout, kernel_name=kernel_of(nb), store_widget_state=True,
+                                resources={"metadata": {"path": str(path.parent)}})
+        if progress is not None:
+            client.on_cell_executed = progress
+        client.execute()
     finally:
         os.environ.clear()
         os.environ.update(old)
@@ -59,24 +92,32 @@ def execute(path: Path, out_dir: Path | None = None, timeout: int | None = 3600,
     return out
 
 
-def run_all(full: bool = False, quick: bool = False, only: list[str] | None = None) -> list[tuple[str, float]]:
+def run_all(full: bool = False, quick: bool = False, only: list[str] | None = None,
+            ray: str | None = None) -> list[tuple[str, float]]:
     """Every notebook in order (or those whose name starts with one of `only`, e.g. ['04', '07']); each one's wall
-    time is recorded for the README (QUICK runs are not)."""
+    time is recorded for the README (QUICK runs and Ray runs are not: the cost table is one machine, in-process).
+    `ray`: 'local' or a cluster address; every grid of every notebook then runs on Ray ($FUSIONLAB_RAY, cells.py)."""
     env = {"FUSIONLAB_FULL": "1" if full else "0", "FUSIONLAB_QUICK": "1" if quick else "0"}
+    if ray:
+        env[RAY_ENV] = ray
     size = "quick" if quick else ("full" if full else "default")
     times = []
     paths = [p for p in notebook_paths() if not only or any(p.name.startswith(o) for o in only)]
     if only and not paths:
         raise FusionLabError(f"no notebook matches {only}; names start with two digits, e.g. --only 04 07.")
+    recorded = (lab_times(size) or {}).get("notebooks", {})
     for n, path in enumerate(paths, 1):
-        print(f"[{n}/{len(paths)}] {path.name} ...", flush=True)
+        last = recorded.get(path.name, {}).get("seconds")
+        print(f"[{n}/{len(paths)}] {path.name} ..." + (f" (last {size} run: {last:.0f} s)" if last else ""),
+              flush=True)
         with tempfile.TemporaryDirectory() as tmp:
             tally = Path(tmp) / "cells.jsonl"  # the kernel's run_cells calls append here (cells.py)
             t0 = time.perf_counter()
+            progress = CellProgress(path.name[:2], code_cells(path), recorded.get(path.name, {}).get("seconds"), tally)
             out = execute(path, env=env | {"FUSIONLAB_CELL_TALLY": str(tally)},
-                          timeout=None if full else 3600)  # a full 8K grid cell runs for hours
+                          timeout=None if full else 3600, progress=progress)  # a full 8K grid cell runs for hours
             times.append((path.name, time.perf_counter() - t0))
-            if size != "quick":
+            if size != "quick" and not ray:
                 record_lab_time(path.name, times[-1][1], size, cells=read_tally(tally))
         print(f"[{n}/{len(paths)}] {path.name} done in {times[-1][1]:.0f} s -> {out.relative_to(repo_root().resolve())}", flush=True)
     return times

@@ -30,4 +30,6 @@ def rope_variant(name: str, theta_factor: float = 1.0, scaling: dict | None = No
     else:
         model = build_tiny(name, lm.dtype, "sdpa", config=cfg)[0]
     label = f"θ×{theta_factor:g}" + (f", {scaling['rope_type']} ×{scaling['factor']:g}" if scaling else "")
-    return LM(model, lm.tokenizer, f"{name} ({label})", source=lm.source)
+    out = LM(model, lm.tokenizer, f"{name} ({label})", source=lm.source)
+    out.remember_rebuild({"rope_variant": {"name": name, "theta_factor": theta_factor, "scaling": scaling}})
+    return out

@@ -274,6 +274,8 @@ def load(name: str, dtype: str | torch.dtype | None = None, device: str = "cpu",
         raise FusionLabError(f"unknown model {name!r}. Embedded: {sorted(EMBEDDED)}; tiny: {sorted(TINY)}; "
                              "or a local model directory / Hugging Face id.")
     lm.model.to(device)
+    lm.remember_rebuild({"load": {"name": name, "dtype": dt, "device": device,
+                                  "attn_implementation": attn_implementation}})
     return lm
 
 
