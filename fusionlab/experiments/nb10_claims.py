@@ -138,19 +138,21 @@ def _ladder(table: pd.DataFrame) -> tuple[list[dict], dict]:
 
 def quantisation_claim(table: pd.DataFrame) -> Claim:
     """X03, from the ladder table (one row per slave, nearest first, `slave` naming the recipe). Supported iff the
-    exact copy and every quantised rung transfer; not supported iff the copy transfers and some quantised rung does
-    not; inconclusive otherwise (no quantised rung, or any rung the rules cannot judge)."""
+    exact copy and every quantised or fine-tuned rung transfer; not supported iff the copy transfers and some such
+    rung does not; inconclusive otherwise (no such rung, or any rung the rules cannot judge)."""
     rungs, lad = _ladder(table)
     got = dict(lad["rungs"])
-    quant = [r for r in rungs if str(r["slave"]).startswith(("int8", "int4"))]
+    quant = [r for r in rungs if str(r["slave"]).startswith(("int8", "int4", "finetune"))]
     copy_ok = bool(lad["rungs"]) and lad["rungs"][0][1] == "transfers"
     vs = [got[r["slave"]] for r in quant]
     verdict = ("supported" if copy_ok and vs and all(v == "transfers" for v in vs) else
                "not supported" if copy_ok and "does not transfer" in vs else "inconclusive")
     measured = "; ".join(_rung_text(r, got[r["slave"]]) for r in ([rungs[0]] if rungs else []) + quant)
-    return Claim(claim="training-free KV transfer survives quantising the slave (int8 per channel, int4 per group)",
+    return Claim(claim="training-free KV transfer survives quantising the slave (int8 per channel, int4 per group) "
+                       "or fine-tuning it briefly (DroidSpeak's setting)",
                  seed_section="transfer map (FusionLab)", seed_value="-",
-                 measured=(measured or "no quantised rung") + " (share of the floor-to-skyline NLL gap closed)",
+                 measured=(measured or "no quantised or fine-tuned rung") + " (share of the floor-to-skyline NLL gap "
+                          "closed)",
                  n=f"n={int(table['n'].min()) if len(table) else 0} documents per rung",
                  setup=SETUP, verdict=verdict, claim_id="X03", notebook=NB)
 

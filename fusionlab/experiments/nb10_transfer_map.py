@@ -26,7 +26,7 @@ from ..engine.fuse import fuse
 from ..engine.projector import IdentityProjector, LstsqProjector
 from ..engine.slave import Slave
 from ..errors import FusionLabError
-from ..models.siblings import sibling, sibling_layer_map
+from ..models.siblings import KINDS as SIBLING_KINDS, sibling, sibling_layer_map
 from ..paths import cache_dir
 from . import nb06_offload as off
 from . import nb10_nll_transfer as nll
@@ -34,9 +34,9 @@ from . import nb10_text_relay as relay
 from .nb10_claims import nll_rung_verdict
 
 LADDER = ("noise:0", "noise:0.003", "int8", "noise:0.01", "noise:0.03", "int4", "noise:0.1", "prune:4", "noise:0.2",
-          "noise:0.3")
-"""Default rungs, nearest first by their measured KL from the master (the ladder rules read them in this order):
-noise:0 is the exact copy (the positive control every null needs)."""
+          "noise:0.3", "finetune:code:50", "finetune:code:200")
+"""Default rungs (the table orders siblings by their measured KL from the master, which the ladder rules read):
+noise:0 is the exact copy (the positive control every null needs); the fine-tunes are made by `nb10_finetune`."""
 VIA_LSTSQ = " lstsq"
 """Suffix of a sibling's label when it is fed through its fitted `lstsq` projector (the channel every foreign slave
 gets) instead of the identity: on the exact copy this measures what the projector alone costs."""
@@ -66,11 +66,13 @@ class Plan:
 
 def plan(size: str) -> Plan:
     if size == "quick":
-        return Plan(["noise:0", "noise:0.1"], [], 3, 64, 32, 2, lstsq=False, relay_tokens=12, kvcomm=False)
+        return Plan(["noise:0", "noise:0.1", "finetune:code:1"], [], 3, 64, 32, 2, lstsq=False, relay_tokens=12,
+                    kvcomm=False)
     if size == "default":
         return Plan(list(LADDER), ["smollm2-135m-instruct", "gemma3-270m"], 10, 192, 64, 8)
     if size == "full":
-        return Plan(list(LADDER), ["smollm2-135m-instruct", "gemma3-270m"], 60, 256, 128, 32, relay_tokens=64)
+        return Plan([*LADDER, "finetune:code:800"], ["smollm2-135m-instruct", "gemma3-270m"], 60, 256, 128, 32,
+                    relay_tokens=64)
     raise FusionLabError(f"unknown run size {size!r}: use 'quick', 'default' or 'full'.")
 
 
@@ -192,8 +194,10 @@ def ladder_table(cells: pd.DataFrame, div: pd.DataFrame, order: list[str]) -> pd
     d = d.assign(distance=1 - (d["k_lstsq"] + d["v_lstsq"]) / 2)
     out = d.drop(columns=[c for c in ("texts", "tokens") if c in d]).merge(tr, on="slave", how="inner")
     out = out.set_index("slave").loc[[s for s in order if s in set(out["slave"])]].reset_index()
-    out["kind"] = ["sibling" if s.split(":")[0] in ("noise", "int8", "int4", "prune") else "foreign"
-                   for s in out["slave"]]
+    out["kind"] = ["sibling" if s.split(":")[0] in SIBLING_KINDS else "foreign" for s in out["slave"]]
+    # nearest first: the siblings by their measured KL (the exact copy, KL 0, leads), then the foreign families
+    out = pd.concat([out[out["kind"] == "sibling"].sort_values("kl", kind="stable"), out[out["kind"] == "foreign"]],
+                    ignore_index=True)
     out["verdict"] = [nll_rung_verdict(r) for r in out.to_dict("records")]
     return out
 

@@ -8,6 +8,10 @@ A sibling is named by a recipe string, and the recipe alone (with the master's w
     int8                the decoder's linear weights fake-quantised to int8, one symmetric scale per output channel
     int4                ... to int4, one symmetric scale per group of 32 input weights (int4:g64 for groups of 64)
     prune:6             6 decoder layers removed, evenly spaced, first and last kept
+    finetune:english:200
+                        the master fine-tuned for 200 steps on one domain's training documents (DroidSpeak's
+                        setting); made by `fusionlab.experiments.nb10_finetune` (it owns the data split) and read
+                        back from the cache here: a recipe whose weights are not made yet is a clear error
 
 Quantisation touches the decoder's linear weights only (embeddings, norms and the head stay as they are), as the
 weight-only schemes people run (GPTQ, AWQ, bitsandbytes) do. A pruned sibling keeps `extra["kept_layers"]`: slave
@@ -23,16 +27,21 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 from ..engine.layermap import LayerMap
 from ..engine.lm import LM
 from ..errors import FusionLabError
+from ..paths import cache_dir
 
-KINDS = ("noise", "int8", "int4", "prune")
+KINDS = ("noise", "int8", "int4", "prune", "finetune")
+FINETUNE_DOMAINS = ("code", "english", "chinese")
 INT4_GROUP = 32
 
 
@@ -48,6 +57,10 @@ class Recipe:
     """int4: input weights per scale."""
     drop: int = 0
     """prune: how many decoder layers to remove."""
+    domain: str = ""
+    """finetune: the domain of the training documents."""
+    steps: int = 0
+    """finetune: optimiser steps."""
 
     def __str__(self) -> str:
         if self.kind == "noise":
@@ -56,12 +69,15 @@ class Recipe:
             return "int4" if self.group == INT4_GROUP else f"int4:g{self.group}"
         if self.kind == "prune":
             return f"prune:{self.drop}"
+        if self.kind == "finetune":
+            return f"finetune:{self.domain}:{self.steps}"
         return self.kind
 
 
 def _bad(recipe: str, why: str) -> FusionLabError:
     return FusionLabError(f"sibling recipe {recipe!r}: {why}. Recipes: 'noise:0.01' (optionally ',seed=N'), 'int8', "
-                          "'int4' or 'int4:gN', 'prune:K' (K layers removed).")
+                          "'int4' or 'int4:gN', 'prune:K' (K layers removed), 'finetune:DOMAIN:STEPS' (DOMAIN one of "
+                          f"{FINETUNE_DOMAINS}, STEPS >= 1).")
 
 
 def parse_recipe(recipe: str) -> Recipe:
@@ -85,6 +101,13 @@ def parse_recipe(recipe: str) -> Recipe:
         if not rest.isdigit() or int(rest) < 1:
             raise _bad(recipe, f"prune needs a layer count >= 1, got {rest!r}")
         return Recipe("prune", drop=int(rest))
+    if kind == "finetune":
+        domain, _, steps = rest.partition(":")
+        if domain not in FINETUNE_DOMAINS:
+            raise _bad(recipe, f"the fine-tuning domain must be one of {FINETUNE_DOMAINS}, got {domain!r}")
+        if not steps.isdigit() or int(steps) < 1:
+            raise _bad(recipe, f"a fine-tune needs a step count >= 1, got {steps!r}")
+        return Recipe("finetune", domain=domain, steps=int(steps))
     scale_text, _, seed_text = rest.partition(",")
     try:
         scale = float(scale_text)
@@ -161,6 +184,27 @@ def prune_layers(model: torch.nn.Module, keep: list[int]) -> None:
     cfg.num_hidden_layers = len(keep)
 
 
+def finetuned_path(master: LM, recipe: str | Recipe) -> Path:
+    """Where a fine-tuned sibling's trained weights live (the decoder's tensors; a `.json` manifest beside them)."""
+    spec = recipe if isinstance(recipe, Recipe) else parse_recipe(recipe)
+    return cache_dir() / "siblings" / f"{master.fingerprint[:16]}__{str(spec).replace(':', '-')}.safetensors"
+
+
+def load_finetuned(model: torch.nn.Module, master: LM, spec: Recipe) -> dict:
+    """In place: the fine-tuned tensors over the master's copy; returns the run's manifest (data, steps, hash)."""
+    path = finetuned_path(master, spec)
+    if not path.exists() or not path.with_suffix(".json").exists():
+        raise FusionLabError(f"sibling recipe {str(spec)!r}: its weights are not made yet ({path}); make them with "
+                             f"`python -m fusionlab.experiments.nb10_finetune {spec}` (notebook 10 does it too).")
+    state = load_file(path)
+    missing = set(state) - set(model.state_dict())
+    if missing:
+        raise FusionLabError(f"{path} holds tensors this model lacks ({sorted(missing)[:3]}...): it was made for "
+                             "another architecture; delete it and make it again.")
+    model.load_state_dict(state, strict=False)
+    return json.loads(path.with_suffix(".json").read_text())
+
+
 def sibling(master: LM, recipe: str) -> LM:
     """A new LM: `master`'s weights changed by `recipe` (the master is left untouched)."""
     if not isinstance(master, LM):
@@ -172,14 +216,21 @@ def sibling(master: LM, recipe: str) -> LM:
         add_noise(model, spec.scale, spec.seed)
     elif spec.kind in ("int8", "int4"):
         quantise_linears(model, 8 if spec.kind == "int8" else 4, None if spec.kind == "int8" else spec.group, recipe)
+    elif spec.kind == "finetune":
+        extra["finetune"] = load_finetuned(model, master, spec)
     else:
         keep = kept_layers(master.spec.layers, spec.drop, recipe)
         prune_layers(model, keep)
         extra["kept_layers"] = keep
     model.eval()
-    derived = hashlib.sha256(f"{master.fingerprint}|{spec}|torch {torch.__version__}".encode()).hexdigest()
-    return LM(model, master.tokenizer, f"{master.name} ~ {spec}", source=master.source, source_sha256=derived,
-              extra=extra)
+    made = extra.get("finetune", {}).get("weights_sha256", "")  # a fine-tune's weights also depend on its data
+    derived = hashlib.sha256(f"{master.fingerprint}|{spec}|torch {torch.__version__}{made}".encode()).hexdigest()
+    lm = LM(model, master.tokenizer, f"{master.name} ~ {spec}", source=master.source, source_sha256=derived,
+            extra=extra)
+    parent = master.rebuild_recipe()
+    if parent is not None:
+        lm.remember_rebuild({"sibling": {"master": parent, "recipe": recipe}})
+    return lm
 
 
 def sibling_layer_map(master: LM, slave: LM) -> LayerMap:

@@ -115,6 +115,8 @@ def test_ledger_rows_from_hand_made_ladders():
     only_nulls = pd.DataFrame([rung("noise:0"), rung("noise:0.1", **NULL), rung("smollm2", **NULL)])
     assert c10.ladder_claim(only_nulls).verdict == "not supported"
     assert c10.quantisation_claim(only_nulls).verdict == "inconclusive"  # no quantised rung
+    tuned = pd.DataFrame([rung("noise:0"), rung("int8"), rung("finetune:code:200", **NULL)])
+    assert c10.quantisation_claim(tuned).verdict == "not supported"  # a fine-tune is judged beside the quantised
     zero = {"gap_low": 0.0, "ceiling_gap_low": 0.0, "lo": 0.0, "hi": 0.0, "vs_control_low": 0.0, "transfer": 0.0}
     dead = pd.DataFrame([rung("noise:0", **zero), rung("int8", **zero), rung("int4", **zero)])
     assert c10.quantisation_claim(dead).verdict == c10.ladder_claim(dead).verdict == "inconclusive"
@@ -131,6 +133,21 @@ def test_ladder_table_joins_divergence_and_transfer_in_ladder_order():
     t = tm.ladder_table(cells, div, ["s"]).iloc[0]
     assert t["slave"] == "s" and t["distance"] == pytest.approx(0.1) and t["verdict"] == "transfers"
     assert t["kind"] == "foreign"  # not a sibling recipe
+
+
+def test_the_ladder_table_orders_siblings_by_measured_kl_then_foreign_slaves():
+    f = 3 + np.random.default_rng(2).normal(0, 0.1, 12)
+    one = frame(f, f - 1, f - 0.5, f, f, f - 1)
+    rungs = {"finetune:code:50": 0.02, "noise:0": 0.0, "noise:0.1": 0.9, "smollm2": float("nan")}
+    cells = pd.concat([one] + [one[one["slaves"] == "s"].assign(
+        slaves=name, setting=lambda d, n=name: d["setting"].str.replace("s", n, n=1),
+        control_of=lambda d, n=name: d["control_of"].str.replace("s", n, n=1)) for name in rungs if name != "s"],
+        ignore_index=True)
+    cells = cells[cells["slaves"] != "s"]
+    div = pd.DataFrame([{"recipe": r, "kl": kl, "k_lstsq": 0.9, "v_lstsq": 0.9} for r, kl in rungs.items()])
+    t = tm.ladder_table(cells, div, ["noise:0", "noise:0.1", "smollm2", "finetune:code:50"])
+    assert list(t["slave"]) == ["noise:0", "finetune:code:50", "noise:0.1", "smollm2"]
+    assert list(t["kind"]) == ["sibling"] * 3 + ["foreign"]
 
 
 def test_siblings_through_lstsq_sit_beside_their_identity_row(tiny, tmp_path):
