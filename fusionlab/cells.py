@@ -14,7 +14,9 @@ text, lengths, decoding options). If a key occurs twice the later line wins.
 
 Global state: when the environment variable FUSIONLAB_CELL_TALLY names a file, every `run_cells` call appends one
 line to it, `{"desc": ..., "cached": n, "computed": n}`. `fusionlab lab` sets it for each notebook's kernel, so a
-notebook's recorded wall time says how much of its grid came from the cache (a resumed run costs less).
+notebook's recorded wall time says how much of its grid came from the cache (a resumed run costs less). Likewise
+FUSIONLAB_CELL_PROGRESS: each finished batch of a grid appends `{"desc": ..., "done": k, "total": n}`, which the lab
+command prints while the notebook cell is still running.
 
 Writes are atomic per line: each record is one `write()` of a whole line, under an exclusive `flock`, so two
 processes appending to one cache never interleave. A line cut short by a killed process (no newline, or not JSON)
@@ -123,6 +125,7 @@ class Cell:
     """Whatever `compute` needs (a needle, a task); not stored."""
 
 
+PROGRESS_ENV = "FUSIONLAB_CELL_PROGRESS"
 RAY_ENV = "FUSIONLAB_RAY"
 """Global state: when set ('local' or a cluster address), every `run_cells` call computes its missing cells on Ray
 (`fusionlab.lab.ray_cells`); `fusionlab lab --ray` and `ray_cells.on_ray()` set it. Unset: in-process."""
@@ -211,10 +214,20 @@ def _run_here(cache: CellCache, todo: list[Cell], job: CellJob, desc: str) -> No
             for c, rec in zip(group, job.compute_group(model, group)):
                 cache.add({"key": c.key, **c.fields, **rec})
             bar.update(len(group))
+            report_progress(desc, bar.n, len(todo))
 
 
 RUNNERS: dict[str, Callable[[CellCache, list[Cell], CellJob, str], None]] = {"inprocess": _run_here}
 """Global state: back end name -> how it computes a grid's missing cells. `fusionlab.lab.ray_cells` adds 'ray'."""
+
+
+def report_progress(desc: str, done: int, total: int) -> None:
+    """One line per finished batch to $FUSIONLAB_CELL_PROGRESS, if set: the lab command reads it while a notebook
+    cell runs, to show where a long grid is (see the module docstring)."""
+    path = os.environ.get(PROGRESS_ENV)
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"desc": desc, "done": done, "total": total}) + "\n")
 
 
 def _tally(desc: str, cached: int, computed: int) -> None:

@@ -27,7 +27,7 @@ from typing import Any, Iterator
 import torch
 from tqdm.auto import tqdm
 
-from ..cells import RAY_ENV, RUNNERS, Cell, CellCache, CellJob
+from ..cells import RAY_ENV, RUNNERS, Cell, CellCache, CellJob, report_progress
 from ..engine.lm import LM
 from ..errors import FusionLabError
 from ..models.rebuild import rebuild
@@ -234,6 +234,7 @@ def run_on_ray(cache: CellCache, todo: list[Cell], job: CellJob, desc: str) -> N
             done[w] += len(group)
             free.append(w)
             bar.update(len(group))
+            report_progress(desc, bar.n, len(todo))
             rate = [n / (time.perf_counter() - t0) for n in done]
             bar.set_postfix_str(" ".join(f"w{k} {r:.2f}/s" for k, r in enumerate(rate)))
 

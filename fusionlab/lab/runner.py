@@ -4,11 +4,13 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import threading
 import time
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-from ..cells import RAY_ENV, read_tally
+from ..cells import PROGRESS_ENV, RAY_ENV, read_tally
 from ..errors import FusionLabError
 from ..paths import notebooks_dir, repo_root
 from .results import lab_times, record_lab_time
@@ -37,12 +39,18 @@ def kernel_of(nb: Any) -> str:
 
 
 class CellProgress:
-    """One line per finished code cell while a notebook runs: the cell, elapsed time against the last recorded run
-    of this notebook (`lab_times.<size>.json`), and each grid the cell finished (from the cell tally)."""
+    """What the lab prints while a notebook runs: one line per finished code cell (elapsed time against the last
+    recorded run of this notebook, `lab_times.<size>.json`, and each grid the cell finished, from the cell tally), and
+    while a long cell runs, each grid's count of computed cells with its rate and the time left (from the grid
+    progress file that `run_cells` appends to), at most once per `every_s` per grid."""
 
-    def __init__(self, name: str, code_cells: int, estimate_s: float | None, tally: Path | None):
+    def __init__(self, name: str, code_cells: int, estimate_s: float | None, tally: Path | None,
+                 grids: Path | None = None, every_s: float = 30.0):
         self.name, self.code_cells, self.estimate_s, self.tally = name, code_cells, estimate_s, tally
-        self.t0, self.done, self.grids_seen = time.perf_counter(), 0, 0
+        self.grids, self.every_s = grids, every_s
+        self.t0, self.done, self.grids_seen, self.progress_seen = time.perf_counter(), 0, 0, 0
+        self._first: dict[str, tuple[float, int]] = {}  # grid -> (when first seen, cells done then)
+        self._shown: dict[str, float] = {}
 
     def line(self) -> str:
         elapsed = time.perf_counter() - self.t0
@@ -54,6 +62,45 @@ class CellProgress:
             out += f"\n      grid {g['desc']!r}: {g['computed']} computed, {g['cached']} from the cache"
         self.grids_seen = len(grids)
         return out
+
+    def grid_lines(self, now: float | None = None) -> list[str]:
+        """New progress of the grids running now: one line per grid that moved, unless shown < `every_s` ago."""
+        now = time.perf_counter() if now is None else now
+        rows = self.grids.read_text(encoding="utf-8").splitlines() if self.grids and self.grids.exists() else []
+        latest: dict[str, dict[str, Any]] = {}
+        for raw in rows[self.progress_seen:]:
+            g = json.loads(raw)
+            latest[g["desc"]] = g
+            self._first.setdefault(g["desc"], (now, g["done"]))
+        self.progress_seen = len(rows)
+        out = []
+        for desc, g in latest.items():
+            if now - self._shown.get(desc, -1e9) < self.every_s and g["done"] < g["total"]:
+                continue
+            self._shown[desc] = now
+            since, done0 = self._first[desc]
+            rate = (now - since) / (g["done"] - done0) if g["done"] > done0 else None
+            left = f", ~{rate * (g['total'] - g['done']) / 60:.0f} min left" if rate else ""
+            out.append(f"      grid {desc!r}: {g['done']}/{g['total']} cells" +
+                       (f" ({rate:.1f} s/cell{left})" if rate else ""))
+        return out
+
+    @contextmanager
+    def watching(self, poll_s: float = 5.0) -> Iterator[None]:
+        """Print grid progress from a background thread while the block runs (the notebook executes)."""
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.wait(poll_s):
+                for line in self.grid_lines():
+                    print(line, flush=True)
+        t = threading.Thread(target=loop, daemon=True)
+        t.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            t.join()
 
     def __call__(self, cell: Any, **_: Any) -> None:
         if cell.get("cell_type") == "code":
@@ -76,7 +123,8 @@ def execute(path: Path, out_dir: Path | None = None, timeout: int | None = 3600,
                                 resources={"metadata": {"path": str(path.parent)}})
         if progress is not None:
             client.on_cell_executed = progress
-        client.execute()
+        with progress.watching() if progress is not None else nullcontext():
+            client.execute()
     finally:
         os.environ.clear()
         os.environ.update(old)
@@ -112,9 +160,11 @@ def run_all(full: bool = False, quick: bool = False, only: list[str] | None = No
               flush=True)
         with tempfile.TemporaryDirectory() as tmp:
             tally = Path(tmp) / "cells.jsonl"  # the kernel's run_cells calls append here (cells.py)
+            grids = Path(tmp) / "progress.jsonl"  # ... and each finished batch here
             t0 = time.perf_counter()
-            progress = CellProgress(path.name[:2], code_cells(path), recorded.get(path.name, {}).get("seconds"), tally)
-            out = execute(path, env=env | {"FUSIONLAB_CELL_TALLY": str(tally)},
+            progress = CellProgress(path.name[:2], code_cells(path), recorded.get(path.name, {}).get("seconds"), tally,
+                                    grids)
+            out = execute(path, env=env | {"FUSIONLAB_CELL_TALLY": str(tally), PROGRESS_ENV: str(grids)},
                           timeout=None if full else 3600, progress=progress)  # a full 8K grid cell runs for hours
             times.append((path.name, time.perf_counter() - t0))
             if size != "quick" and not ray:

@@ -55,3 +55,32 @@ def test_the_cluster_block_reports_each_pair_and_claims_no_speed_up(tmp_path):
                                  "inprocess_s": [60.0, 50.0], "ray_s": [90.0, 50.0]}))
     text = readme_cluster.ray_markdown(bench, folder=tmp_path)
     assert "per pair 1.50 / 1.00" in text and "no speed-up is claimed" in text
+
+
+def test_a_running_grid_shows_its_count_rate_and_time_left(tmp_path):
+    grids = tmp_path / "progress.jsonl"
+    p = runner.CellProgress("02", 5, None, None, grids, every_s=30)
+    grids.write_text(json.dumps({"desc": "niah", "done": 4, "total": 104}) + "\n")
+    assert p.grid_lines(now=0.0) == ["      grid 'niah': 4/104 cells"]  # no rate from one point
+    with grids.open("a") as f:
+        f.write(json.dumps({"desc": "niah", "done": 8, "total": 104}) + "\n")
+    assert p.grid_lines(now=10.0) == []  # shown 10 s ago: quiet
+    with grids.open("a") as f:
+        f.write(json.dumps({"desc": "niah", "done": 14, "total": 104}) + "\n")
+    assert p.grid_lines(now=40.0) == ["      grid 'niah': 14/104 cells (4.0 s/cell, ~6 min left)"]
+    with grids.open("a") as f:
+        f.write(json.dumps({"desc": "niah", "done": 104, "total": 104}) + "\n")
+    assert "104/104" in p.grid_lines(now=41.0)[0]  # the end is always shown
+
+
+def test_run_cells_reports_each_batch_to_the_progress_file(tmp_path, monkeypatch):
+    from contextlib import nullcontext
+
+    from fusionlab.cells import PROGRESS_ENV, Cell, CellCache, cell_key, run_cells
+
+    monkeypatch.setenv(PROGRESS_ENV, str(tmp_path / "p.jsonl"))
+    cells = [Cell(cell_key("p", i), {}, i) for i in range(5)]
+    run_cells(CellCache(tmp_path / "c.jsonl"), cells, nullcontext, lambda m, c: {"v": c.item}, "grid",
+              compute_batch=lambda m, cs: [{"v": c.item} for c in cs], batch_size=2)
+    rows = [json.loads(x) for x in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert [(r["done"], r["total"]) for r in rows] == [(2, 5), (4, 5), (5, 5)]
