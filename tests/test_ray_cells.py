@@ -261,3 +261,25 @@ def test_rope_variants_travel_by_recipe():
     wire = ray_cells.lm_to_wire(v)
     assert wire["recipe"] == {"rope_variant": {"name": "tiny-llama", "theta_factor": 4.0, "scaling": None}}
     assert ray_cells.lm_from_wire(wire).fingerprint == v.fingerprint
+
+
+def fails_on_five(model, c: Cell) -> dict:
+    if c.item == 5 and not os.environ.get("FIXED"):
+        raise RuntimeError("the driver's run stops here")
+    time.sleep(0.1)
+    return {"value": c.item * 2}
+
+
+def test_a_driver_stopped_mid_grid_resumes_from_the_cache(local_ray, tmp_path):
+    path = tmp_path / "d.jsonl"
+    cells = number_cells(8)
+    with pytest.raises(RuntimeError, match="stops here"):
+        run_cells(CellCache(path), cells, nullcontext, fails_on_five, desc="stops", backend="ray")
+    kept = {r["key"] for r in lines(path)}
+    assert kept and cells[5].key not in kept  # what came back before the stop is kept
+    seen = []
+    recs = run_cells(CellCache(path), cells, nullcontext,
+                     lambda m, c: seen.append(c.item) or {"value": c.item * 2}, desc="resumes")  # in-process resume
+    assert [r["value"] for r in recs] == [2 * i for i in range(8)]
+    assert sorted(seen) == sorted(c.item for c in cells if c.key not in kept)
+    assert len(lines(path)) == 8  # nothing twice
