@@ -28,6 +28,7 @@ from ..training.train import TrainConfig, train_fuser
 from ..errors import FusionLabError
 from ..paths import cache_dir, data_dir
 from . import nb07_corpora as corpora
+from .nb07_curve_stats import pooled_domains
 
 VARIANTS = ("slave", "shuffled", "noise", "constant")
 
@@ -181,21 +182,26 @@ def nll_table(master: LM, evaluated: list[Evaluated], chunks: dict[str, list[Tra
 def paired_gain(nll: pd.DataFrame, baseline: str) -> pd.DataFrame:
     """Per setting and domain: mean NLL change vs `baseline` (negative = better) over chunks, with a paired 95 % CI
     that resamples *documents* (chunks of one file are not independent; tables without a `doc` column fall back to
-    one document per chunk). `n` chunks, `docs` documents."""
+    one document per chunk). `n` chunks, `docs` documents. Domain 'all' pools the domains with at least `MIN_DOCS`
+    held-out documents (a thin domain is shown alone, never in the pooled verdict; `pooled` names those pooled);
+    when none has that many, it pools every domain and says so."""
     if "doc" not in nll:
         nll = nll.assign(doc=nll["domain"] + "/" + nll["chunk"].astype(str))
     wide = nll.pivot_table(index=["domain", "doc", "chunk"], columns="setting", values="nll")
+    enough = pooled_domains(nll) or sorted(set(nll["domain"]))
+    pooled = wide[wide.index.get_level_values("domain").isin(enough)]
     rows = []
     for s in wide.columns:
         if s == baseline:
             continue
-        parts = [(domain, g) for domain, g in wide.groupby(level="domain")] + [("all", wide)]
+        parts = [(domain, g) for domain, g in wide.groupby(level="domain")] + [("all", pooled)]
         for domain, g in parts:
             d = (g[s] - g[baseline]).dropna()
             docs = d.index.get_level_values("doc")
             lo, hi = cluster_bootstrap_ci(d.to_numpy(), docs)
             rows.append({"setting": s, "vs": baseline, "domain": domain, "n": len(d), "docs": docs.nunique(),
-                         "delta": float(d.mean()) if len(d) else float("nan"), "lo": lo, "hi": hi})
+                         "delta": float(d.mean()) if len(d) else float("nan"), "lo": lo, "hi": hi,
+                         "pooled": ", ".join(enough) if domain == "all" else domain})
     return pd.DataFrame(rows)
 
 

@@ -47,3 +47,20 @@ def test_paired_gain_counts_documents():
     g = paired_gain(pd.DataFrame(rows), "master").set_index("domain")
     assert g.loc["en", "n"] == 10 and g.loc["en", "docs"] == 2
     assert g.loc["en", "delta"] == pytest.approx(-0.1) and g.loc["en", "lo"] == pytest.approx(-0.1)
+    assert g.loc["all", "pooled"] == "en"  # no domain has MIN_DOCS documents: every domain pools, named
+
+
+def test_a_thin_domain_stays_out_of_the_pooled_gain():
+    import pandas as pd
+    from fusionlab.experiments.nb07_curve_stats import MIN_DOCS
+    from fusionlab.experiments.nb07_fusers import paired_gain
+
+    rows = []
+    for dom, docs, gain in (("code", MIN_DOCS, -0.1), ("zh", 2, +0.5)):
+        for k in range(2 * docs):
+            rows += [{"setting": "master", "domain": dom, "chunk": f"{dom}{k}", "doc": f"{dom}/{k // 2}", "nll": 2.0},
+                     {"setting": "fuser", "domain": dom, "chunk": f"{dom}{k}", "doc": f"{dom}/{k // 2}",
+                      "nll": 2.0 + gain}]
+    g = paired_gain(pd.DataFrame(rows), "master").set_index("domain")
+    assert g.loc["all", "pooled"] == "code" and g.loc["all", "delta"] == pytest.approx(-0.1)
+    assert g.loc["zh", "delta"] == pytest.approx(0.5) and g.loc["all", "docs"] == MIN_DOCS
