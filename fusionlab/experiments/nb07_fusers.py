@@ -7,8 +7,9 @@ those, and train a short run only where none exists. Everything here reads held-
 """
 from __future__ import annotations
 
+import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,8 @@ class FuserPlan:
     train: bool = False
     """Train where no committed fuser exists (else: say so and skip that setting)."""
     lr: float = 2e-3
+    gate_lr: float = 2e-2
+    """The offload fusers' gate and key scale ('log' opening) learn at this rate (notebook 10's recipe)."""
     eval_every: int | None = None
     """Validation passes (chunks of the 'validation' documents) every this many steps when a run trains; the best
     state is kept (None: no validation, the committed fusers' recipe)."""
@@ -83,47 +86,59 @@ def fuser_dir(committed: bool) -> Path:
 
 
 def config_for(variant: str, task: str, base: LearnedFuser | None, width: int) -> FuserConfig:
+    """Same-text fusers blend (a zero-initialised residual: they start as the master). Offload fusers concat with the
+    recipe notebook 10's positive control showed can open (`FuserConfig.opening='log'`): they start at the lstsq
+    channel at full gate, keys as projected, and gate and key scale both learn from step one; validation keeps the
+    best state, so a start worse than the master is never what is kept unless nothing beats it."""
     mode = "concat" if task == "offload" else "blend"
     if variant == "constant":
         if base is None:
             raise FusionLabError("a constant-slot control needs its fuser first (to match the parameter count).")
         return FuserConfig(mode=mode, input="constant",
                            table=match_table(base.param_count(), len(base.layers), base.heads, base.head_dim))
+    if task == "offload":
+        return FuserConfig(mode=mode, kind="linear", width=width, input=variant, opening="log", log_gate=0.0,
+                           calibrate_keys=False)
     return FuserConfig(mode=mode, kind="linear", width=width, input=variant)
 
 
-def name_of(master: LM, slave: LM, task: str, cfg: FuserConfig) -> str:
-    return f"{master.name}__{slave.name}__{task}_{cfg.mode}_{cfg.input}"
+def name_of(master: LM, slave: LM, task: str, cfg: FuserConfig, budget: int) -> str:
+    return f"{master.name}__{slave.name}__{task}_{cfg.mode}_{cfg.input}_{budget}"
+
+
+def train_config(p: FuserPlan, task: str) -> TrainConfig:
+    return TrainConfig(task=task, max_tokens=p.budget_tokens, lr=p.lr, gate_lr=p.gate_lr if task == "offload" else None,
+                       threads=2, eval_every=p.eval_every, patience=p.patience)
 
 
 def obtain(master: LM, slave: LM, proj: LstsqProjector, chunks: list[TrainChunk], cfg: FuserConfig, task: str,
            p: FuserPlan, size: str) -> tuple[LearnedFuser | None, pd.DataFrame, str]:
-    """(fuser, loss curve, where it came from). Full mode trains and writes to data/fusers; other sizes reload a
-    committed fuser of this exact pair, else train a short run into the cache (or skip when p.train is False)."""
-    name = name_of(master, slave, task, cfg)
-    for committed in ([True, False] if size != "full" else [True]):
-        path = fuser_dir(committed) / f"{name}.safetensors"
-        if path.exists() and (size != "full" or (path.with_suffix(".done")).exists()):
-            fuser = LearnedFuser.load(path)
-            same = (fuser.meta["master"]["fingerprint"], fuser.meta["slave"]["fingerprint"]) == \
-                (master.fingerprint, slave.fingerprint)
-            if same and fuser.config == cfg:
-                hist = path.with_suffix(".history.csv")
-                return fuser, pd.read_csv(hist) if hist.exists() else pd.DataFrame(), \
-                    "committed" if committed else "cache"
+    """(fuser, loss curve, where it came from). A finished run of this exact recipe (both fingerprints, the fuser
+    config and the training config, budget included) is reloaded; else it trains (resumable from its checkpoint,
+    with validation by document when the plan asks) and is saved: committed under data/fusers/ for the default and
+    full sizes, in the cache for QUICK (or skipped when p.train is False)."""
+    name = name_of(master, slave, task, cfg, p.budget_tokens)
+    tc = train_config(p, task)
+    committed = size != "quick"
+    path = fuser_dir(committed) / f"{name}.safetensors"
+    if path.exists() and path.with_suffix(".done").exists():
+        fuser = LearnedFuser.load(path)
+        same = (fuser.meta["master"]["fingerprint"], fuser.meta["slave"]["fingerprint"]) == \
+            (master.fingerprint, slave.fingerprint)
+        if same and fuser.config == cfg and fuser.meta.get("training", {}).get("train") == json.loads(
+                json.dumps(asdict(tc))):
+            hist = path.with_suffix(".history.csv")
+            return fuser, pd.read_csv(hist) if hist.exists() else pd.DataFrame(), \
+                "committed" if committed else "cache"
     if not p.train:
         return None, pd.DataFrame(), "missing"
-    out = fuser_dir(size == "full")
-    ck = cache_dir() / "fusers" / f"{name}.{p.budget_tokens}.ckpt"
+    digest = hashlib.sha256(json.dumps([asdict(cfg), asdict(tc)], sort_keys=True).encode()).hexdigest()[:12]
+    ck = cache_dir() / "fusers" / f"{name}.{digest}.ckpt"  # a changed recipe never meets an old checkpoint
     validation = validation_chunks(master.tokenizer, corpora.documents(), p, task) if p.eval_every else None
-    result = train_fuser(master, slave, chunks, cfg, TrainConfig(task=task, max_tokens=p.budget_tokens, lr=p.lr,
-                         threads=2, eval_every=p.eval_every, patience=p.patience), projector=proj, checkpoint=ck,
-                         validation=validation)
-    path = result.fuser.save(out / f"{name}.safetensors", training={**result.manifest,
-                                                                  "data": corpora.manifest(corpora.documents())})
+    result = train_fuser(master, slave, chunks, cfg, tc, projector=proj, checkpoint=ck, validation=validation)
+    path = result.fuser.save(path, training={**result.manifest, "data": corpora.manifest(corpora.documents())})
     result.history.to_csv(path.with_suffix(".history.csv"), index=False)
-    if size == "full":
-        path.with_suffix(".done").write_text(json.dumps(result.manifest, indent=2))
+    path.with_suffix(".done").write_text(json.dumps(result.manifest, indent=2))
     return result.fuser, result.history, "trained now"
 
 

@@ -97,3 +97,24 @@ def plot_learning_curve(table: pd.DataFrame) -> Any:
     fig.suptitle("pooled over domains" if scope == "pooled" else f"{scope} only (too few documents to pool)", fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def plot_opening(histories: dict[str, pd.DataFrame]) -> Any:
+    """The offload (concat) fusers' layer-mean gate g and key scale s per training step: whether they move from
+    step one (`FuserConfig.opening`), and where validation stopped them."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(7.5, 2.8), sharex=True)
+    for name, h in histories.items():
+        if "key_scale_mean" not in h or h["key_scale_mean"].isna().all():
+            continue  # a blend fuser has neither
+        rows = h.dropna(subset=["gate_mean"])
+        for ax, col in zip(axes, ("gate_mean", "key_scale_mean")):
+            ax.plot(rows["step"], rows[col], lw=1, label=name)
+    for ax, what in zip(axes, ("gate g (layer mean)", "key scale s (layer mean)")):
+        ax.set_xlabel("training step")
+        ax.set_ylabel(what)
+        ax.set_yscale("symlog", linthresh=1e-3)
+    axes[0].legend(fontsize=5)
+    fig.tight_layout()
+    return fig

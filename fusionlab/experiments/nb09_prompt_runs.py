@@ -2,7 +2,6 @@
 claim reads, all through the cached HumanEval harness (resumable) or one batched pass (arithmetic)."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Callable
 
 import pandas as pd
@@ -12,17 +11,22 @@ from ..training.fuser import LearnedFuser
 from ..engine.lm import LM
 from ..engine.projector import LstsqProjector
 from ..engine.slave import Slave
-from ..paths import data_dir
-from . import nb04_cache_bus as cache_bus, nb04_humaneval as he
+from . import nb04_cache_bus as cache_bus, nb04_humaneval as he, nb07_fusers as fz
 from .nb09_prompt_variants import ArithmeticTask, arithmetic_correct
 
 Settings = dict[str, tuple[str, Callable[[], FusedModel]]]
 
 
 def committed_fuser(master: LM, slave: LM) -> LearnedFuser | None:
-    """Notebook 07's committed blend fuser (full mode) for this pair, if there is one."""
-    path = data_dir() / "fusers" / f"{master.name}__{slave.name}__same_blend_slave.safetensors"
-    return LearnedFuser.load(path) if Path(path).exists() else None
+    """Notebook 07's committed same-text fuser for this pair (the full run's when it has finished, else the default
+    run's; both trained with validation), if there is one."""
+    for size in ("full", "default"):
+        p = fz.plan(size)
+        name = fz.name_of(master, slave, "same", fz.config_for("slave", "same", None, p.width), p.budget_tokens)
+        path = fz.fuser_dir(committed=True) / f"{name}.safetensors"
+        if path.exists() and path.with_suffix(".done").exists():
+            return LearnedFuser.load(path)
+    return None
 
 
 def settings(master: LM, lstsq_slave: tuple[str, LM, LstsqProjector], fused_slave: tuple[str, LM] | None) -> Settings:

@@ -158,6 +158,12 @@ class LearnedFuser(nn.Module, Projector):
             return {i: 1.0 for i in self.layers}
         return {i: float(self.gate_tensor(i).detach()) for i in self.layers}
 
+    def key_scale_mean(self) -> float:
+        """The layer-mean key scale s (concat; NaN for blend): with the gate, what shows an offload fuser opening."""
+        if self.config.mode != "concat":
+            return float("nan")
+        return float(torch.stack([self.key_scale_tensor(li) for li in range(len(self.layers))]).mean().detach())
+
     def gate_tensor(self, layer: int) -> torch.Tensor:
         """The gate g of one master layer (differentiable): a clamped g ('zero') or exp(a) ('log'); 1 for blend."""
         if self.config.mode != "concat":

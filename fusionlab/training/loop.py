@@ -225,7 +225,8 @@ class Loop:
             self.rows.append({"step": self.step, "chunk": i, "tokens": self.tokens, "loss": value,
                               "master_loss": base, "gain": base - value, "lr": self._lr(), "grad_norm": norm,
                               "seconds": self._elapsed0 + time.perf_counter() - t0,
-                              "gate_mean": float(np.mean(list(self.fuser.learned_gates().values())))})
+                              "gate_mean": float(np.mean(list(self.fuser.learned_gates().values()))),
+                              "key_scale_mean": self.fuser.key_scale_mean()})
             self.step += 1
             on_step(int(p.ids.shape[1]), value)
             if self.step % self.train.checkpoint_every == 0:

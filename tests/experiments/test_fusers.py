@@ -85,3 +85,54 @@ def test_control_table_pools_domains():
                           for v in ("master", "c1")])
     t = fc.control_table(gains, {"s": "f"}, {"s": {"shuffled": "c1"}}, "master")
     assert t["against"].tolist() == ["master alone", "shuffled"] and t["beats"].all()
+
+
+def test_a_fuser_is_reloaded_only_for_its_exact_recipe_and_budget(tiny, monkeypatch, tmp_path):
+    """Default and full runs commit their fusers under names that carry the budget; a changed training config (or
+    budget) trains anew rather than reloading a fuser made another way; QUICK writes to the cache only."""
+    monkeypatch.setattr(fusers, "data_dir", lambda: tmp_path / "data")
+    monkeypatch.setattr(fusers, "cache_dir", lambda: tmp_path / "cache")
+    m, s = tiny("tiny-qwen2"), tiny("tiny-llama")
+    proj = fl.fit_lstsq(m, s, texts=TEXTS, holdout_every=0)
+    chunks = [TrainChunk(t, doc=f"d{k}") for k, t in enumerate(TEXTS * 2)]
+    p = fusers.FuserPlan(["s"], ["slave"], False, 64, 1, 1, 1, [64], [64], width=4, tokens=32, train=True)
+    cfg = fusers.config_for("slave", "same", None, p.width)
+    f, _, how = fusers.obtain(m, s, proj, chunks, cfg, "same", p, "default")
+    path = tmp_path / "data" / "fusers" / f"{fusers.name_of(m, s, 'same', cfg, 64)}.safetensors"
+    assert how == "trained now" and path.exists() and path.with_suffix(".done").exists()
+    assert fusers.obtain(m, s, proj, chunks, cfg, "same", p, "default")[2] == "committed"
+    p.lr = 1e-3  # the same name, another recipe: never reloaded
+    assert fusers.obtain(m, s, proj, chunks, cfg, "same", p, "default")[2] == "trained now"
+    p.budget_tokens = 96
+    assert fusers.obtain(m, s, proj, chunks, cfg, "same", p, "quick")[2] == "trained now"
+    assert not (tmp_path / "data" / "fusers" / f"{fusers.name_of(m, s, 'same', cfg, 96)}.safetensors").exists()
+
+
+def test_offload_fusers_use_the_recipe_that_opens():
+    cfg = fusers.config_for("slave", "offload", None, 32)
+    assert (cfg.mode, cfg.opening, cfg.log_gate, cfg.calibrate_keys) == ("concat", "log", 0.0, False)
+    assert fusers.train_config(fusers.plan("default"), "offload").gate_lr == fusers.plan("default").gate_lr
+    assert fusers.train_config(fusers.plan("default"), "same").gate_lr is None
+
+
+def test_the_opening_figure_draws_concat_runs_only():
+    import matplotlib.pyplot as plt
+
+    from fusionlab.experiments import nb07_plots
+
+    steps = np.arange(10)
+    concat = pd.DataFrame({"step": steps, "gate_mean": 1 + 0.01 * steps, "key_scale_mean": 1 - 0.02 * steps})
+    blend = pd.DataFrame({"step": steps, "gate_mean": 1.0, "key_scale_mean": np.nan})
+    fig = nb07_plots.plot_opening({"gemma offload": concat, "gemma same": blend})
+    assert [len(ax.lines) for ax in fig.axes] == [1, 1]
+    plt.close(fig)
+
+
+def test_the_training_history_records_gate_and_key_scale(tiny):
+    m, s = tiny("tiny-qwen2"), tiny("tiny-llama")
+    proj = fl.fit_lstsq(m, s, texts=TEXTS, holdout_every=0)
+    chunks = [TrainChunk(t, context=u, doc=f"d{k}") for k, (t, u) in enumerate(zip(TEXTS, TEXTS[1:] + TEXTS[:1]))]
+    r = fl.train_fuser(m, s, chunks, fusers.config_for("slave", "offload", None, 4),
+                       fl.TrainConfig(task="offload", max_tokens=60, gate_lr=2e-2), projector=proj)
+    h = r.history
+    assert h["key_scale_mean"].notna().all() and h["gate_mean"].iloc[0] != 1.0  # moved at the first step
