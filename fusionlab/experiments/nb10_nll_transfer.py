@@ -169,15 +169,24 @@ def transfer(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFram
         if row["role"] != "relay":
             row |= _advantage(s[docs], _by_doc(df, (df["role"] == "relay") & (df["slaves"] == row["slaves"])),
                               "relay", seed)
-        ceil = df[(df["role"] == "ceiling") & (df["slaves"] == row["slaves"])]
-        if len(ceil) and len(row["slaves"].split(",")) == 1:
-            c = ceil.set_index("doc").reindex(docs)
-            own = (c["nll_alone"] - c["nll"]).to_numpy()
-            row |= {"ceiling_gap": float(own.mean()),
-                    **dict(zip(("ceiling_gap_low", "ceiling_gap_high"), bootstrap_ci(own, seed=seed))),
-                    "ceiling_share": float(own.mean() / row["gap"]) if row["gap"] else float("nan")}
+        # a bus knows what its most knowing slave knows: its ceiling is the member's whose own gain is largest
+        known = [c for c in (_ceiling(df, m, docs, seed) for m in row["slaves"].split(",")) if c]
+        if known:
+            best = max(known, key=lambda c: c["ceiling_gap"])
+            row |= {**best, "ceiling_share": best["ceiling_gap"] / row["gap"] if row["gap"] else float("nan")}
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _ceiling(df: pd.DataFrame, slave: str, docs: pd.Index, seed: int) -> dict[str, float]:
+    """One slave's own gain from reading A (its floor - its skyline on B, per document), where the grid has it."""
+    ceil = df[(df["role"] == "ceiling") & (df["slaves"] == slave)]
+    if not len(ceil):
+        return {}
+    c = ceil.drop_duplicates("doc").set_index("doc").reindex(docs)
+    own = (c["nll_alone"] - c["nll"]).to_numpy()
+    return {"ceiling_gap": float(own.mean()),
+            **dict(zip(("ceiling_gap_low", "ceiling_gap_high"), bootstrap_ci(own, seed=seed)))}
 
 
 def domain_counts(df: pd.DataFrame) -> dict[str, int]:

@@ -62,6 +62,8 @@ class Plan:
     kvcomm: bool = True
     """Also measure each slave on KVComm's selected layers."""
     notes: list[str] = field(default_factory=list)
+    bus: bool = True
+    """With two or more foreign slaves, their bus is the last rung."""
 
 
 def plan(size: str) -> Plan:
@@ -98,6 +100,18 @@ def foreign_divergence(label: str, proj: LstsqProjector) -> dict[str, Any]:
     mean = lambda kind: float(np.mean([v[kind] for v in r2.values()])) if r2 else float("nan")  # noqa: E731
     return {"recipe": label, "kl": float("nan"), "kl_low": float("nan"), "kl_high": float("nan"),
             "k_identity": float("nan"), "v_identity": float("nan"), "k_lstsq": mean("k"), "v_lstsq": mean("v")}
+
+
+def bus_label(foreign: dict[str, Any]) -> str:
+    """The bus rung's name in the ladder: its slaves, as the cells name them."""
+    return ",".join(foreign)
+
+
+def bus_divergence(foreign: dict[str, tuple[LM, LstsqProjector]]) -> dict[str, Any]:
+    """The bus's row: no KL and no one distance (each slave has its own; the table lists theirs)."""
+    nan = float("nan")
+    return {"recipe": bus_label(foreign), "kl": nan, "kl_low": nan, "kl_high": nan, "k_identity": nan,
+            "v_identity": nan, "k_lstsq": nan, "v_lstsq": nan}
 
 
 def kvcomm_samples(paragraphs: list[str], n: int = 4) -> list[tuple[str, str]]:
@@ -155,10 +169,11 @@ def foreign_settings(master: LM, label: str, pair: tuple[LM, LstsqProjector],
 
 def nll_ladder(master: LM, recipes: list[str], foreign: dict[str, tuple[LM, LstsqProjector]], items: list[nll.Pair],
                cache: Path | None = None, relay_tokens: int = 0, lstsq: bool = False,
-               kvcomm: list[tuple[str, str]] | None = None) -> pd.DataFrame:
+               kvcomm: list[tuple[str, str]] | None = None, bus: bool = False) -> pd.DataFrame:
     """NLL transfer cells for every rung (sibling recipes, then foreign slaves), one sibling built at a time, with
     each slave's text relay (a note of at most `relay_tokens` tokens; 0: none), with `lstsq` each sibling also
-    through its fitted projector, and with `kvcomm` (calibration samples) each slave on KVComm's layers too."""
+    through its fitted projector, with `kvcomm` (calibration samples) each slave on KVComm's layers too, and with
+    `bus` the foreign slaves all at once (notebook 06's bus, its different-document control; the last rung)."""
     def rung(label: str, slave: LM, grid: list[off.Setting]) -> pd.DataFrame:
         cells = [nll.run(items, grid, cache)]
         if relay_tokens:
@@ -172,6 +187,11 @@ def nll_ladder(master: LM, recipes: list[str], foreign: dict[str, tuple[LM, Lsts
         del sib
     for label, pair in foreign.items():
         parts.append(rung(label, pair[0], foreign_settings(master, label, pair, kvcomm)))
+    if bus and len(foreign) > 1:
+        grid = off.settings(master, foreign, bus=True, self_copy=False, ceilings=False)
+        grid = [st for st in grid if st.role in ("floor", "skyline", "bus") or
+                (st.role == "control" and st.control_of == "+" + " +".join(foreign))]
+        parts.append(nll.run(items, grid, cache).assign(rung=bus_label(foreign)))
     df = pd.concat(parts, ignore_index=True)
     return df.drop_duplicates(["setting", "doc"]).reset_index(drop=True)  # floor / skyline: once
 
@@ -231,7 +251,7 @@ def _draw_rungs(ax: Any, t: pd.DataFrame, x: pd.Series, colour: str, kind: str, 
         ax.scatter(x, t["ceiling_share"], facecolors="none", edgecolors=colour, marker="s",
                    label=f"{kind}: slave's own gain (ceiling)")
     crowd, last = 0, None
-    for xi, yi, s in sorted(zip(x, t["transfer"], t["slave"])):
+    for xi, yi, s in sorted((xi, yi, s) for xi, yi, s in zip(x, t["transfer"], t["slave"]) if np.isfinite(xi)):
         here = np.log10(max(xi, 1e-4))
         crowd = crowd + 1 if last is not None and here - last < near else 0
         last = here

@@ -218,3 +218,23 @@ def test_the_map_draws_siblings_by_kl_and_every_slave_by_lstsq_distance():
     assert len(left.texts) == 3 and len(right.texts) == 3  # no foreign KL; no lstsq distance where none was fitted
     offsets = [t.xyann for t in right.texts if t.get_text() in ("noise:0", "int8")]
     assert offsets[0] != offsets[1]  # two rungs on one spot: their names are staggered, not printed over each other
+
+
+def test_the_bus_is_the_last_rung_and_knows_what_its_best_slave_knows(tiny, tmp_path):
+    import fusionlab as fl
+
+    m = tiny("tiny-qwen2")
+    ps = nll.pairs(m.tokenizer, corpus(4), 40, 16)
+    foreign = {name: (tiny(f"tiny-{name}"), fl.fit_lstsq(m, tiny(f"tiny-{name}"))) for name in ("llama", "gemma3")}
+    cells = tm.nll_ladder(m, [], foreign, ps, tmp_path / "c.jsonl", bus=True)
+    bus = tm.bus_label(foreign)
+    assert {"+llama +gemma3", "+llama +gemma3, shuffled doc"} <= set(cells["setting"])
+    assert (cells.loc[cells["setting"] == "+llama +gemma3", "rung"] == bus).all()
+    div = pd.DataFrame([tm.foreign_divergence(k, p) for k, (_, p) in foreign.items()] + [tm.bus_divergence(foreign)])
+    t = tm.ladder_table(cells, div, [*foreign, bus])
+    assert list(t["slave"]) == ["llama", "gemma3", bus] and t.iloc[-1]["kind"] == "foreign"
+    members = t.set_index("slave")["ceiling_gap"]
+    assert t.iloc[-1]["ceiling_gap"] == pytest.approx(max(members["llama"], members["gemma3"]))
+    fig = tm.plot_transfer_map(t)  # the bus has no single distance: left off the figure, kept in the table
+    import matplotlib.pyplot as plt
+    plt.close(fig)
