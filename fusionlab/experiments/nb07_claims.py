@@ -34,6 +34,7 @@ def control_table(gains: pd.DataFrame, fusers: dict[str, str], controls: dict[st
             r = versus(gains, fuser, other)
             if r is not None:
                 rows.append({"slave": slave, "fuser": fuser, "against": label, "n": int(r["n"]),
+                             "docs": int(r.get("docs", r["n"])), "pooled": r.get("pooled", "all"),
                              "delta_nll": r["delta"], "lo": r["lo"], "hi": r["hi"], "beats": bool(r["hi"] < 0)})
     return pd.DataFrame(rows)
 

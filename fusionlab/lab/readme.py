@@ -194,12 +194,15 @@ def fusers_markdown(folder: Path | None = None) -> str:
     if got is None:
         return "_Not measured yet: run notebook 07._"
     df, size = got
-    lines = ["| slave | against | Δ NLL (nats/token) [95% CI] | n chunks | beats it |", "|---|---|---|---|---|"]
-    for r in df.itertuples():
-        lines.append(f"| {r.slave} | {r.against} | {r.delta_nll:+.3f} {interval(r.lo, r.hi, '+.3f')} | {r.n} | "
-                     f"{'yes' if r.beats else 'no'} |")
-    lines.append(f"\nfrom `data/results/07_controls.{size}.csv` (held-out code, English and Chinese chunks, pooled; "
-                 "paired bootstrap). HumanEval with the fusers:\n")
+    lines = ["| slave | against | Δ NLL (nats/token) [95% CI] | n chunks (documents) | beats it |", "|---|---|---|---|---|"]
+    for r in df.to_dict("records"):
+        docs = f" ({int(r['docs'])})" if "docs" in r and r["docs"] == r["docs"] else ""
+        lines.append(f"| {r['slave']} | {r['against']} | {r['delta_nll']:+.3f} {interval(r['lo'], r['hi'], '+.3f')} | "
+                     f"{r['n']}{docs} | {'yes' if r['beats'] else 'no'} |")
+    pooled = df["pooled"].iloc[0] if "pooled" in df and len(df) else "code, English and Chinese"
+    lines.append(f"\nfrom `data/results/07_controls.{size}.csv` (held-out chunks of {pooled}, pooled; a domain with "
+                 "fewer than 5 held-out documents stays out of the pooled row; paired bootstrap over documents). "
+                 "HumanEval with the fusers:\n")
     return "\n".join(lines) + "\n" + humaneval_markdown(folder, "07_humaneval")
 
 
