@@ -195,14 +195,18 @@ def fusers_markdown(folder: Path | None = None) -> str:
         return "_Not measured yet: run notebook 07._"
     df, size = got
     lines = ["| slave | against | Δ NLL (nats/token) [95% CI] | n chunks (documents) | beats it |", "|---|---|---|---|---|"]
+    first = {"constant": 0, "shuffled": 1, "noise": 2, "master alone": 3}  # the headline: what the slave adds
+    df = df.assign(_o=df["against"].map(first)).sort_values(["slave", "_o"], kind="stable")
     for r in df.to_dict("records"):
         docs = f" ({int(r['docs'])})" if "docs" in r and r["docs"] == r["docs"] else ""
-        lines.append(f"| {r['slave']} | {r['against']} | {r['delta_nll']:+.3f} {interval(r['lo'], r['hi'], '+.3f')} | "
+        against = f"**{r['against']}** (the headline)" if r["against"] == "constant" else r["against"]
+        lines.append(f"| {r['slave']} | {against} | {r['delta_nll']:+.3f} {interval(r['lo'], r['hi'], '+.3f')} | "
                      f"{r['n']}{docs} | {'yes' if r['beats'] else 'no'} |")
-    pooled = df["pooled"].iloc[0] if "pooled" in df and len(df) else "code, English and Chinese"
-    lines.append(f"\nfrom `data/results/07_controls.{size}.csv` (held-out chunks of {pooled}, pooled; a domain with "
-                 "fewer than 5 held-out documents stays out of the pooled row; paired bootstrap over documents). "
-                 "HumanEval with the fusers:\n")
+    how = (f"held-out chunks of {df['pooled'].iloc[0]}, pooled; a domain with fewer than 5 held-out documents stays "
+           "out of the pooled row; paired bootstrap over documents" if "pooled" in df else
+           "held-out code, English and Chinese chunks, pooled; bootstrap over chunks: a run from before the "
+           "document-level CIs")
+    lines.append(f"\nfrom `data/results/07_controls.{size}.csv` ({how}). HumanEval with the fusers:\n")
     return "\n".join(lines) + "\n" + humaneval_markdown(folder, "07_humaneval")
 
 
