@@ -16,6 +16,11 @@ from ..paths import notebooks_dir, repo_root
 from .results import lab_times, record_lab_time
 
 
+DEFAULT_CELL_TIMEOUT_S = 4 * 3600
+"""One notebook cell's limit in a default run (a hang, not a slow grid: notebook 10's NLL ladder computed from an empty
+cache takes about 2 h on 2 cores); full runs have none (a full 8K grid cell runs for hours)."""
+
+
 def notebook_paths(folder: Path | None = None) -> list[Path]:
     return sorted(p for p in Path(folder or notebooks_dir()).glob("[0-9][0-9]_*.ipynb"))
 
@@ -165,7 +170,7 @@ def run_all(full: bool = False, quick: bool = False, only: list[str] | None = No
             progress = CellProgress(path.name[:2], code_cells(path), recorded.get(path.name, {}).get("seconds"), tally,
                                     grids)
             out = execute(path, env=env | {"FUSIONLAB_CELL_TALLY": str(tally), PROGRESS_ENV: str(grids)},
-                          timeout=None if full else 3600, progress=progress)  # a full 8K grid cell runs for hours
+                          timeout=None if full else DEFAULT_CELL_TIMEOUT_S, progress=progress)
             times.append((path.name, time.perf_counter() - t0))
             if size != "quick" and not ray:
                 record_lab_time(path.name, times[-1][1], size, cells=read_tally(tally))
