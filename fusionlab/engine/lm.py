@@ -35,12 +35,17 @@ class LM:
 
     def rebuild_recipe(self) -> dict[str, Any] | None:
         """The recorded recipe while the model is untouched since it was recorded, else None (send it by value)."""
-        return self._rebuild if self._rebuild is not None and self._state() == self._state_at_rebuild else None
+        state = self._state()
+        return self._rebuild if self._rebuild is not None and state is not None and state == self._state_at_rebuild else None
 
-    def _state(self) -> int:
+    def _state(self) -> int | None:
         """Cheap token of the model's current state: each tensor's storage, shape and in-place version counter,
-        and the config. Any in-place edit (add_, copy_), replaced tensor or config change alters it."""
+        and the config. Any in-place edit (add_, copy_), replaced tensor or config change alters it. None when a
+        tensor was made under torch.inference_mode (those keep no version counter, so an edit could not be seen):
+        such a model is never rebuilt from its recipe, it travels by value."""
         tensors = [*self.model.named_parameters(), *self.model.named_buffers()]
+        if any(t.is_inference() for _, t in tensors):
+            return None
         return hash((tuple((n, t.data_ptr(), tuple(t.shape), t._version) for n, t in tensors),
                      self.model.config.to_json_string()))
 

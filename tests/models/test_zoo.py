@@ -88,3 +88,12 @@ def test_tiny_models_are_deterministic():
 def test_registry_pins_every_chunk():
     for entry in zoo.EMBEDDED.values():
         assert len(entry.sha256) == 64 and all(len(c.sha256) == 64 for c in entry.chunks)
+
+
+def test_a_model_loaded_under_inference_mode_loads_and_keeps_no_rebuild_recipe():
+    """Inference tensors keep no version counter, so an in-place edit could not be seen: such a model must load
+    (notebook 08 loads under torch.inference_mode) and never claim its recipe still makes it."""
+    with torch.inference_mode():
+        lm = fl.load("tiny-llama")
+    assert lm.rebuild_recipe() is None
+    assert fl.load("tiny-llama").rebuild_recipe() is not None
