@@ -73,7 +73,7 @@ class SequenceState:
             if rt.joint is not None:
                 rt.joint.select(idx)
             for inj in rt.injections:
-                inj.select(idx)
+                inj.select(idx, rt.joint)
 
 
 @dataclass
@@ -141,16 +141,17 @@ def _fill_layer(rt: LayerRuntime, items: list[SlaveSlots], n_rows: int, entries:
     offset = 0
     for si, xs in by_slave.items():
         first, size = xs[0], room[si]
+        region = None
         if first.mode == "concat":
             kb, vb, pb = rt.joint.region(offset, size, si, first.gate, first.slave.slave.window_slots)
-            offset += size
+            region, offset = (offset, size), offset + size
         else:
             kb = torch.zeros(n_rows, first.k.shape[1], size, first.k.shape[3], dtype=first.k.dtype,
                              device=first.k.device)
             vb, pb = torch.zeros_like(kb), torch.full((n_rows, size), FAR, dtype=torch.long, device=kb.device)
         lookup = torch.full((n_rows, max_pos), NO_SLOT, dtype=torch.long, device=kb.device)
         inj = Injection(si, first.mode, first.gate, kb, vb, pb, lookup,
-                        torch.zeros(n_rows, dtype=torch.long, device=kb.device))
+                        torch.zeros(n_rows, dtype=torch.long, device=kb.device), region)
         for x in xs:
             inj.write(x.row, x.k, x.v, x.pos)
         rt.injections.append(inj)

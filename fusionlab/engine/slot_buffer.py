@@ -41,6 +41,9 @@ class Injection:
     """(B, max_pos) master position -> slot index, NO_SLOT where none (used by replace/blend)."""
     n: torch.Tensor
     """(B,) slots written per row."""
+    region: tuple[int, int] | None = None
+    """A concat slave's (start, size) in its layer's JointBuffer: k, v, pos are views into it, and must stay so
+    when rows leave or join (live timing appends through them)."""
 
     def write(self, row: int, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> None:
         """One row's slots: k, v (1, H, S, D); pos (S,)."""
@@ -64,10 +67,20 @@ class Injection:
         self.lookup[rows, pos] = self.n
         self.n += 1
 
-    def select(self, idx: torch.Tensor) -> None:
-        """Keep rows `idx` (finished rows leave the batch)."""
-        self.k, self.v, self.pos = self.k[idx], self.v[idx], self.pos[idx]
+    def select(self, idx: torch.Tensor, joint: "JointBuffer | None" = None) -> None:
+        """Keep rows `idx` (finished rows leave the batch); a concat slave's slots then view the already selected
+        `joint` again (a copy would no longer see live timing's appended slots)."""
+        if self.region is not None and joint is not None:
+            self.view_into(joint)
+        else:
+            self.k, self.v, self.pos = self.k[idx], self.v[idx], self.pos[idx]
         self.lookup, self.n = self.lookup[idx], self.n[idx]
+
+    def view_into(self, joint: "JointBuffer") -> None:
+        """k, v, pos as views of this slave's region of `joint`."""
+        start, size = self.region
+        sl = slice(start, start + size)
+        self.k, self.v, self.pos = joint.k[:, :, sl], joint.v[:, :, sl], joint.pos[:, sl]
 
     @property
     def nbytes(self) -> int:

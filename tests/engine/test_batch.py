@@ -51,6 +51,17 @@ def test_cross_tokenizer_bus_rows_equal_alone(tiny, master, slave, proj, align):
         assert f.generate(PROMPTS, max_new_tokens=5) == [f.generate(p, max_new_tokens=5) for p in PROMPTS]
 
 
+@pytest.mark.parametrize("mode", ["concat", "blend"])
+def test_live_rows_that_end_early_leave_the_others_exact(tiny, mode):
+    """Rows leaving a live batch must not detach the others' slot views (live slots are appended through them)."""
+    m, s = tiny("tiny-qwen2"), rope_variant("tiny-qwen2", theta_factor=2.0)
+    with fl.fuse(m, [fl.Slave(s, mode=mode, gate=0.7)], timing="live") as f:
+        ids = [m.encode(p) for p in PROMPTS[:2]]
+        eos = sorted({int(f.generate(x, max_new_tokens=1)[0, -1]) for x in ids})  # rows 0, 1 end at once, not all
+        assert f.generate(PROMPTS, max_new_tokens=8, eos_token_id=eos) == \
+            [f.generate(p, max_new_tokens=8, eos_token_id=eos) for p in PROMPTS]
+
+
 def test_context_offload_per_row(tiny):
     m, s = tiny("tiny-gemma3"), tiny("tiny-gemma3", fresh=True)  # sliding windows too
     docs = ["A short note.", "The river conference will be held in Lisbon next spring; the harbour decided it."]

@@ -1,0 +1,155 @@
+"""Continuous batching for fused generation: up to B rows decode together, and a finished row's seat goes to the
+next waiting prompt at once (static batches decode until their longest row ends, leaving seats idle).
+
+    while prompts wait or rows decode:
+        free seats -> prefill the next waiting prompts as one group (their slaves read them, their slots are placed)
+                      and `join` them to the running batch
+        one token for every row (each from its own sampling stream: seed i belongs to prompt i, not to a seat)
+        rows that ended (EOS, stop string, max_new_tokens) leave; `compact` drops the padding nobody needs
+        decode_one_token for the rest
+
+Every row equals its prompt run alone through `FusedModel.generate` (greedy tokens identical; logits within the
+batch tests' tolerance): joining only left-pads entries that no real query sees.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..errors import ContextTooLong, FusionLabError
+from . import checks
+from .batch_inputs import check_lengths, rows_of
+from .fuse import FusedModel
+from .join import compact, join, stash
+from .sampling import cut_at_stop, eos_ids, hit_stop, next_token, sampling_configs
+
+
+@dataclass
+class ScheduleStats:
+    """What a run of the scheduler did: how busy its seats were."""
+
+    batch_size: int
+    decode_steps: int = 0
+    busy_seats: int = 0
+    """Rows decoding, summed over decode steps."""
+    joins: int = 0
+    """Groups of waiting prompts prefilled into free seats."""
+    compacted: int = 0
+    """Leading pad entries dropped, summed over compactions."""
+
+    @property
+    def occupancy(self) -> float:
+        """Share of seat-steps that decoded a row (1.0: no seat ever idle while the batch decoded)."""
+        return self.busy_seats / (self.decode_steps * self.batch_size) if self.decode_steps else float("nan")
+
+
+def _prompts(prompts: Any) -> list[str]:
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise FusionLabError(f"prompts must be a non-empty list of strings, got {type(prompts).__name__}.")
+    for i, p in enumerate(prompts):
+        if not isinstance(p, str) or not p:
+            raise FusionLabError(f"prompts[{i}] must be a non-empty string, got {p!r}; give it some text or drop it.")
+    return list(prompts)
+
+
+def _contexts(context: Any, n: int) -> list[Any]:
+    if context is None or isinstance(context, str):
+        return [context] * n
+    if not isinstance(context, (list, tuple)) or len(context) != n:
+        raise FusionLabError(f"context= must be one string for every prompt or a list of {n} (one per prompt); got "
+                             f"{type(context).__name__}{f' of {len(context)}' if isinstance(context, (list, tuple)) else ''}.")
+    return list(context)
+
+
+class ContinuousBatcher:
+    """Keeps up to `batch_size` rows of a FusedModel decoding; see the module docstring."""
+
+    def __init__(self, fused: FusedModel, batch_size: int):
+        if not isinstance(fused, FusedModel):
+            raise FusionLabError(f"ContinuousBatcher needs a FusedModel (fl.fuse(...)), got {type(fused).__name__}.")
+        self.fused = fused
+        self.batch_size = checks.integer("batch_size", batch_size, 1)
+        self.last_stats: ScheduleStats | None = None
+        self.slot_bytes: list[dict[str, int]] = []
+        """Per prompt of the last run: bytes of the slots each slave placed for it (as FusedModel.row_slot_bytes)."""
+
+    def _refusal(self, i: int, prompt: str, chat: bool, context: Any, max_new_tokens: int) -> str | None:
+        """Why prompt i cannot run (it outgrows a model's positions), or None."""
+        try:
+            rows, _ = rows_of(self.fused, [prompt], chat, None if context is None else [context])
+            check_lengths(self.fused, rows, max_new_tokens)
+        except ContextTooLong as e:
+            return f"prompt {i}: {e}"
+        return None
+
+    def generate(self, prompts: list[str], max_new_tokens: int = 32, do_sample: bool = False,
+                 temperature: float = 1.0, top_p: float = 1.0, seed: int | list[int] | None = None,
+                 eos_token_id: int | list[int] | None = None, chat: bool = False, stop: list[str] | None = None,
+                 context: str | list[Any] | None = None) -> list[str]:
+        """The new text of every prompt, in order; arguments as `FusedModel.generate`. A prompt too long for the
+        models' positions fails alone: the others finish, and one FusionLabError names it, with every finished
+        text in its `.results` (None for the failed ones)."""
+        f = self.fused
+        f._check_open()
+        prompts = _prompts(prompts)
+        checks.integer("max_new_tokens", max_new_tokens, 1)
+        checks.flag("do_sample", do_sample)
+        checks.flag("chat", chat)
+        stop = None if stop is None else checks.strings("stop", stop)
+        contexts = _contexts(context, len(prompts))
+        cfgs = sampling_configs(len(prompts), do_sample, temperature, top_p, seed)
+        eos = eos_ids(f.master, eos_token_id)
+        failed = {i: why for i, p in enumerate(prompts)
+                  if (why := self._refusal(i, p, chat, contexts[i], max_new_tokens)) is not None}
+        waiting = deque(i for i in range(len(prompts)) if i not in failed)
+        new: list[list[int]] = [[] for _ in prompts]
+        stats = self.last_stats = ScheduleStats(self.batch_size)
+        self.slot_bytes = [{} for _ in prompts]
+        seq, logits, active = None, None, []  # active[i]: the prompt in batch row i; logits (len(active), V)
+        while waiting or active:
+            free = self.batch_size - len(active)
+            if free and waiting:
+                group = [waiting.popleft() for _ in range(min(free, len(waiting)))]
+                running = stash(f._runtimes) if seq is not None else None
+                ctx = None if all(c is None for c in contexts) else [contexts[i] for i in group]
+                joined, _, first = f.prefill([prompts[i] for i in group], max_new_tokens, chat, ctx)
+                for i, placed in zip(group, f.row_slot_bytes):
+                    self.slot_bytes[i] = placed
+                seq = joined if seq is None else join(f._runtimes, seq, running, joined)
+                logits = first if logits is None else torch.cat([logits, first])
+                active, stats.joins = active + group, stats.joins + 1
+            toks = torch.cat([next_token(logits[i:i + 1], cfgs[r]) for i, r in enumerate(active)])  # (A, 1)
+            going = []
+            for i, r in enumerate(active):
+                new[r].append(int(toks[i]))
+                if not (int(toks[i]) in eos or len(new[r]) == max_new_tokens
+                        or hit_stop(f.master.tokenizer, new[r], stop)):
+                    going.append(i)
+            if not going:
+                seq, logits, active = None, None, []
+                continue
+            if len(going) < len(active):
+                keep = torch.tensor(going, device=toks.device)
+                seq.select(keep)
+                stats.compacted += compact(seq)
+                toks, active = toks[keep], [active[i] for i in going]
+            logits = f.decode_one_token(seq, toks)
+            stats.decode_steps, stats.busy_seats = stats.decode_steps + 1, stats.busy_seats + len(active)
+        texts = [cut_at_stop(f.master.tokenizer.decode(n, skip_special_tokens=True), stop) for n in new]
+        if failed:
+            err = FusionLabError(f"{len(failed)} of {len(prompts)} prompts could not run (the others finished; their "
+                                 f"texts are in this error's .results): " + "; ".join(failed.values()))
+            err.results = [None if i in failed else t for i, t in enumerate(texts)]
+            raise err
+        return texts
+
+
+def generate_continuous(fused: FusedModel, prompts: list[str], batch_size: int = 8, **kw: Any) -> list[str]:
+    """`ContinuousBatcher(fused, batch_size).generate(prompts, **kw)`."""
+    return ContinuousBatcher(fused, batch_size).generate(prompts, **kw)
+
+
+__all__ = ["ContinuousBatcher", "ScheduleStats", "generate_continuous"]
