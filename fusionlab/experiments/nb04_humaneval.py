@@ -22,10 +22,14 @@ import pandas as pd
 from ..analysis.stats import mcnemar, wilson
 from ..cells import Cell, CellCache, cell_key, run_cells
 from ..engine import checks
+from ..engine.continuous import ContinuousBatcher
 from ..engine.fuse import FusedModel
 from ..errors import FusionLabError
 from ..paths import cache_dir
 STOP = ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\n```", "\nassert "]
+GROUP_SEATS = 4
+"""Cells per scheduled group = this x the seats: the scheduler keeps every seat busy within a group, and the cell
+cache is written after each group (so a stopped run loses at most one group)."""
 
 
 def problems() -> list[dict[str, Any]]:
@@ -54,7 +58,9 @@ def generate_all(name: str, key: str, build: Callable[[], FusedModel], tasks: li
                  max_new_tokens: int = 256, cache: Path | None = None, batch_size: int = 8,
                  temperature: float | None = None, samples: int = 1) -> pd.DataFrame:
     """Greedy completions of each task's prompt (raw continuation, standard stop strings), cached; `batch_size`
-    prompts at a time (each row equals its prompt alone; `seconds` is a batch's wall time shared among its rows).
+    seats of continuous batching (a finished row's seat goes to the next prompt; each row equals its prompt alone),
+    over groups of GROUP_SEATS x batch_size prompts (`seconds` is a group's wall time shared among its rows;
+    `occupancy` the share of its seat-steps that decoded a row).
     With `temperature`: `samples` sampled completions per task, each seeded by (task, sample index) alone, so a
     sample is the same whatever batch it runs in (column `sample`)."""
     checks.integer("max_new_tokens", max_new_tokens, 1)
@@ -69,10 +75,12 @@ def generate_all(name: str, key: str, build: Callable[[], FusedModel], tasks: li
         t0 = time.perf_counter()
         sampling = {} if temperature is None else {"do_sample": True, "temperature": temperature,
                                                    "seed": [c.item["seed"] for c in cs]}
-        outs = fused.generate([c.item["prompt"] for c in cs], max_new_tokens=max_new_tokens, stop=STOP, **sampling)
+        seats = ContinuousBatcher(fused, min(batch_size, len(cs)))
+        outs = seats.generate([c.item["prompt"] for c in cs], max_new_tokens=max_new_tokens, stop=STOP, **sampling)
         dt = (time.perf_counter() - t0) / len(cs)
         return [{"completion": o, "seconds": dt, "new_tokens": len(fused.master.tokenizer(o)["input_ids"]),
-                 "extra_kv_bytes": sum(fused.row_slot_bytes[i].values()), "batch": len(cs)}
+                 "extra_kv_bytes": sum(seats.slot_bytes[i].values()), "batch": seats.batch_size,
+                 "occupancy": seats.last_stats.occupancy, "scheduler": "continuous"}
                 for i, o in enumerate(outs)]
 
     def complete(fused: FusedModel, c: Cell) -> dict[str, Any]:
@@ -87,7 +95,7 @@ def generate_all(name: str, key: str, build: Callable[[], FusedModel], tasks: li
                       {**t, "seed": zlib.crc32(f"{t['task_id']}|{k}".encode())}) for t in tasks for k in range(samples)]
     store = CellCache(cache or default_cache())
     return pd.DataFrame(run_cells(store, cells, lambda: closing(build()), complete, desc=name,
-                                  compute_batch=complete_batch, batch_size=batch_size,
+                                  compute_batch=complete_batch, batch_size=GROUP_SEATS * batch_size,
                                   batch_key=lambda c: len(c.item["prompt"])))
 
 
@@ -164,10 +172,13 @@ def batch_occupancy(df: pd.DataFrame) -> pd.DataFrame:
     """Per setting: how full the batches stayed while decoding. A batch decodes until its longest row ends (finished
     rows leave, but no new prompt takes their seat), so occupancy = row tokens / (rows x the longest row's tokens).
     A batch is recognised by its rows sharing one `seconds` value (the batch's wall time split among them); lengths
-    are the completions' master tokens after stop strings, so the figure is approximate."""
+    are the completions' master tokens after stop strings, so the figure is approximate. Rows run by the continuous
+    scheduler carry their group's measured occupancy (busy seat-steps / all seat-steps) instead."""
     rows = []
     for setting, g in df[df["batch"] > 1].groupby("setting", sort=False):
         b = g.groupby(["seconds", "batch"])["new_tokens"].agg(["size", "sum", "max"])
-        rows.append({"setting": setting, "batches": len(b), "mean_rows": b["size"].mean(),
-                     "occupancy": b["sum"].sum() / (b["size"] * b["max"].clip(lower=1)).sum()})
+        occ = b["sum"].sum() / (b["size"] * b["max"].clip(lower=1)).sum()
+        if "occupancy" in g and g["occupancy"].notna().all():  # measured: weight each group by its rows
+            occ = float(g["occupancy"].mean())
+        rows.append({"setting": setting, "batches": len(b), "mean_rows": b["size"].mean(), "occupancy": occ})
     return pd.DataFrame(rows, columns=["setting", "batches", "mean_rows", "occupancy"])

@@ -159,7 +159,12 @@ def humaneval_markdown(folder: Path | None = None, stem: str = "04_humaneval") -
                      f"| {syntax} | {r['s_per_problem']:.1f} | {r['tok_per_s']:.1f} | {r['extra_kv_MiB']:.2f} |")
     batch = f", batches of up to {int(df['batch'].max())}" if "batch" in df else " (batch 1)"
     occ = he.batch_occupancy(df) if "batch" in df and (df["batch"] > 1).any() else None
-    if occ is not None:
+    continuous = "scheduler" in df and (df["scheduler"] == "continuous").all()
+    if occ is not None and continuous:
+        batch = (f", continuous batching with {int(df['batch'].max())} seats (a finished row's seat goes to the next "
+                 f"prompt): {occ['occupancy'].mean():.0%} of seat-steps decoded a row (per setting "
+                 f"{occ['occupancy'].min():.0%}-{occ['occupancy'].max():.0%})")
+    elif occ is not None:
         batch += (f"; a batch decodes until its longest row ends, so on average {occ['occupancy'].mean():.0%} of its "
                   f"rows were still generating (per setting {occ['occupancy'].min():.0%}-{occ['occupancy'].max():.0%})")
     wall = f" Generation took {df['seconds'].sum() / 60:.0f} min of wall time for all settings{batch}."

@@ -74,7 +74,8 @@ def test_batched_completions_equal_batch_one(tiny, tmp_path):
                           batch_size=1)
     many = he.generate_all("s", "k", lambda: fl.fuse(m, []), tasks, max_new_tokens=12, cache=tmp_path / "b.jsonl",
                            batch_size=4)
-    assert one["completion"].tolist() == many["completion"].tolist() and set(many["batch"]) == {4, 1}
+    assert one["completion"].tolist() == many["completion"].tolist() and set(many["batch"]) == {4}
+    assert (many["scheduler"] == "continuous").all() and 0 < many["occupancy"].iloc[0] <= 1  # 5 prompts, 4 seats
 
 
 def test_rerun_changes_lists_each_changed_problem():
@@ -100,3 +101,10 @@ def test_batch_occupancy_from_shared_batch_seconds():
     got = he.batch_occupancy(df).set_index("setting").loc["a"]
     assert got["batches"] == 2 and got["mean_rows"] == 2.5 and got["occupancy"] == pytest.approx(28 / 38)
     assert he.batch_occupancy(df[df["batch"] == 1]).empty
+
+
+def test_batch_occupancy_prefers_the_scheduler_s_measurement():
+    """Rows the continuous scheduler ran carry their group's measured occupancy: the mean over rows is reported."""
+    df = pd.DataFrame({"setting": ["a"] * 4, "seconds": [1.0, 1.0, 2.0, 2.0], "batch": [2] * 4,
+                       "new_tokens": [10, 5, 4, 4], "occupancy": [0.9, 0.9, 0.5, 0.5]})
+    assert he.batch_occupancy(df).set_index("setting").loc["a", "occupancy"] == pytest.approx(0.7)
