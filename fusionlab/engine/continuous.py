@@ -141,7 +141,8 @@ class ContinuousBatcher:
         texts = [cut_at_stop(f.master.tokenizer.decode(n, skip_special_tokens=True), stop) for n in new]
         if failed:
             err = FusionLabError(f"{len(failed)} of {len(prompts)} prompts could not run (the others finished; their "
-                                 f"texts are in this error's .results): " + "; ".join(failed.values()))
+                                 f"texts are in this error's .results): " + "; ".join(w.rstrip(".") for w in failed.values())
+                                 + ".")
             err.results = [None if i in failed else t for i, t in enumerate(texts)]
             raise err
         return texts
