@@ -27,6 +27,11 @@ from .join import compact, join, stash
 from .sampling import cut_at_stop, eos_ids, hit_stop, next_token, sampling_configs
 
 
+GROUP_SEATS = 4
+"""A grid hands the scheduler this many prompts per seat at a time: enough waiting prompts to refill freed seats, and
+the cell cache is still written after every group (a stopped run loses at most one group)."""
+
+
 @dataclass
 class ScheduleStats:
     """What a run of the scheduler did: how busy its seats were."""
@@ -46,13 +51,29 @@ class ScheduleStats:
         return self.busy_seats / (self.decode_steps * self.batch_size) if self.decode_steps else float("nan")
 
 
-def _prompts(prompts: Any) -> list[str]:
+def _prompts(prompts: Any) -> list[Any]:
+    """Non-empty strings, or non-empty 1-D token id tensors (not mixed)."""
     if not isinstance(prompts, (list, tuple)) or not prompts:
-        raise FusionLabError(f"prompts must be a non-empty list of strings, got {type(prompts).__name__}.")
+        raise FusionLabError(f"prompts must be a non-empty list of strings (or of 1-D token id tensors), got "
+                             f"{type(prompts).__name__}.")
+    ids = isinstance(prompts[0], torch.Tensor)
     for i, p in enumerate(prompts):
-        if not isinstance(p, str) or not p:
+        if ids and not (isinstance(p, torch.Tensor) and p.dim() == 1 and p.numel() > 0):
+            raise FusionLabError(f"prompts[{i}] must be a non-empty 1-D token id tensor like prompts[0], got "
+                                 f"{type(p).__name__}{tuple(p.shape) if isinstance(p, torch.Tensor) else ''}.")
+        if not ids and (not isinstance(p, str) or not p):
             raise FusionLabError(f"prompts[{i}] must be a non-empty string, got {p!r}; give it some text or drop it.")
     return list(prompts)
+
+
+def _padded(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids (B, W) and their 0/1 mask (rows are re-laid out left padded inside the FusedModel)."""
+    width = max(r.numel() for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=rows[0].dtype, device=rows[0].device)
+    mask = torch.zeros(len(rows), width, dtype=torch.long, device=rows[0].device)
+    for i, r in enumerate(rows):
+        ids[i, :r.numel()], mask[i, :r.numel()] = r, 1
+    return ids, mask
 
 
 def _contexts(context: Any, n: int) -> list[Any]:
@@ -76,26 +97,29 @@ class ContinuousBatcher:
         self.slot_bytes: list[dict[str, int]] = []
         """Per prompt of the last run: bytes of the slots each slave placed for it (as FusedModel.row_slot_bytes)."""
 
-    def _refusal(self, i: int, prompt: str, chat: bool, context: Any, max_new_tokens: int) -> str | None:
+    def _refusal(self, i: int, prompt: Any, chat: bool, context: Any, max_new_tokens: int) -> str | None:
         """Why prompt i cannot run (it outgrows a model's positions), or None."""
+        one = prompt.view(1, -1) if isinstance(prompt, torch.Tensor) else [prompt]  # a batch of one, either way
+        mask = torch.ones_like(one) if isinstance(one, torch.Tensor) else None
         try:
-            rows, _ = rows_of(self.fused, [prompt], chat, None if context is None else [context])
+            rows, _ = rows_of(self.fused, one, chat, None if context is None else [context], None, mask)
             check_lengths(self.fused, rows, max_new_tokens)
         except ContextTooLong as e:
             return f"prompt {i}: {e}"
         return None
 
-    def generate(self, prompts: list[str], max_new_tokens: int = 32, do_sample: bool = False,
+    def generate(self, prompts: list[Any], max_new_tokens: int = 32, do_sample: bool = False,
                  temperature: float = 1.0, top_p: float = 1.0, seed: int | list[int] | None = None,
                  eos_token_id: int | list[int] | None = None, chat: bool = False, stop: list[str] | None = None,
-                 context: str | list[Any] | None = None) -> list[str]:
-        """The new text of every prompt, in order; arguments as `FusedModel.generate`. A prompt too long for the
-        models' positions fails alone: the others finish, and one FusionLabError names it, with every finished
-        text in its `.results` (None for the failed ones)."""
+                 context: str | list[Any] | None = None) -> list[Any]:
+        """The new text of every prompt, in order; arguments as `FusedModel.generate`. Prompts given as 1-D token
+        ids give (1, T + new) ids each, as `FusedModel.generate` does. A prompt too long for the models' positions
+        fails alone: the others finish, and one FusionLabError names it, with every finished output in its
+        `.results` (None for the failed ones)."""
         f = self.fused
         f._check_open()
         prompts = _prompts(prompts)
-        checks.integer("max_new_tokens", max_new_tokens, 1)
+        checks.integer("max_new_tokens", max_new_tokens, 0)
         checks.flag("do_sample", do_sample)
         checks.flag("chat", chat)
         stop = None if stop is None else checks.strings("stop", stop)
@@ -104,7 +128,7 @@ class ContinuousBatcher:
         eos = eos_ids(f.master, eos_token_id)
         failed = {i: why for i, p in enumerate(prompts)
                   if (why := self._refusal(i, p, chat, contexts[i], max_new_tokens)) is not None}
-        waiting = deque(i for i in range(len(prompts)) if i not in failed)
+        waiting = deque(i for i in range(len(prompts)) if i not in failed and max_new_tokens > 0)  # 0: nothing new
         new: list[list[int]] = [[] for _ in prompts]
         stats = self.last_stats = ScheduleStats(self.batch_size)
         self.slot_bytes = [{} for _ in prompts]
@@ -115,7 +139,11 @@ class ContinuousBatcher:
                 group = [waiting.popleft() for _ in range(min(free, len(waiting)))]
                 running = stash(f._runtimes) if seq is not None else None
                 ctx = None if all(c is None for c in contexts) else [contexts[i] for i in group]
-                joined, _, first = f.prefill([prompts[i] for i in group], max_new_tokens, chat, ctx)
+                if isinstance(prompts[0], torch.Tensor):
+                    ids, mask = _padded([prompts[i].to(f.master.device) for i in group])
+                    joined, _, first = f.prefill(ids, max_new_tokens, chat, ctx, attention_mask=mask)
+                else:
+                    joined, _, first = f.prefill([prompts[i] for i in group], max_new_tokens, chat, ctx)
                 for i, placed in zip(group, f.row_slot_bytes):
                     self.slot_bytes[i] = placed
                 seq = joined if seq is None else join(f._runtimes, seq, running, joined)
@@ -138,9 +166,15 @@ class ContinuousBatcher:
                 toks, active = toks[keep], [active[i] for i in going]
             logits = f.decode_one_token(seq, toks)
             stats.decode_steps, stats.busy_seats = stats.decode_steps + 1, stats.busy_seats + len(active)
-        texts = [cut_at_stop(f.master.tokenizer.decode(n, skip_special_tokens=True), stop) for n in new]
+        if isinstance(prompts[0], torch.Tensor):
+            texts = [torch.cat([p.view(1, -1), torch.tensor([n], dtype=p.dtype, device=p.device)], dim=1)
+                     for p, n in zip(prompts, new)]
+        else:
+            texts = [cut_at_stop(f.master.tokenizer.decode(n, skip_special_tokens=True), stop) for n in new]
+        if failed and len(prompts) == 1:
+            raise ContextTooLong(failed[0].split(": ", 1)[1])  # one prompt: its own reason, as generate() gives it
         if failed:
-            err = FusionLabError(f"{len(failed)} of {len(prompts)} prompts could not run (the others finished; their "
+            err = ContextTooLong(f"{len(failed)} of {len(prompts)} prompts could not run (the others finished; their "
                                  f"texts are in this error's .results): " + "; ".join(w.rstrip(".") for w in failed.values())
                                  + ".")
             err.results = [None if i in failed else t for i, t in enumerate(texts)]
@@ -148,9 +182,9 @@ class ContinuousBatcher:
         return texts
 
 
-def generate_continuous(fused: FusedModel, prompts: list[str], batch_size: int = 8, **kw: Any) -> list[str]:
+def generate_continuous(fused: FusedModel, prompts: list[Any], batch_size: int = 8, **kw: Any) -> list[Any]:
     """`ContinuousBatcher(fused, batch_size).generate(prompts, **kw)`."""
     return ContinuousBatcher(fused, batch_size).generate(prompts, **kw)
 
 
-__all__ = ["ContinuousBatcher", "ScheduleStats", "generate_continuous"]
+__all__ = ["GROUP_SEATS", "ContinuousBatcher", "ScheduleStats", "generate_continuous"]

@@ -18,6 +18,7 @@ import pandas as pd
 from ..analysis.stats import wilson
 from ..cells import Cell, CellCache, cell_key, run_cells
 from ..engine import checks
+from ..engine.continuous import GROUP_SEATS, ContinuousBatcher
 from ..engine.fit import fit_lstsq
 from ..engine.fuse import FusedModel, fuse
 from ..engine.lm import LM
@@ -60,8 +61,9 @@ def grid_cells(setting: Setting, needles: list[Needle], lengths: list[int], dept
 def run_grid(master: LM, settings: list[Setting], needles: list[Needle], lengths: list[int], depths: list[float],
              haystacks: dict[str, str], cache: Path | None = None, max_new_tokens: int = 24,
              batch_size: int = 4) -> pd.DataFrame:
-    """Run every missing cell (tqdm shows progress; cells of one length batched) and return all requested cells.
-    `seconds` is a batch's wall time shared among its cells."""
+    """Run every missing cell (tqdm shows progress; cells of one length together, `batch_size` seats of continuous
+    batching over GROUP_SEATS x that many) and return all requested cells. `seconds` is a group's wall time shared
+    among its cells."""
     if not settings or not needles or not lengths or not depths:
         raise FusionLabError("run_grid needs at least one setting, needle, length and depth.")
     for n in lengths:
@@ -83,9 +85,10 @@ def run_grid(master: LM, settings: list[Setting], needles: list[Needle], lengths
             context, _ = build_context(master.tokenizer, texts[c.item.lang], c.item, c.fields["length"],
                                        c.fields["depth"], max_positions=master.spec.max_positions)
             prompts.append(prompt_for(master, context, c.item))
-        outs = fused.generate(prompts, max_new_tokens=max_new_tokens)
+        seats = ContinuousBatcher(fused, min(batch_size, len(cs)))
+        outs = seats.generate(prompts, max_new_tokens=max_new_tokens)
         dt = round((time.perf_counter() - t0) / len(cs), 2)
-        return [{"answer": o, **score(o, c.item), "seconds": dt, "batch": len(cs)} for o, c in zip(outs, cs)]
+        return [{"answer": o, **score(o, c.item), "seconds": dt, "batch": seats.batch_size} for o, c in zip(outs, cs)]
 
     def answer(fused: FusedModel, c: Cell) -> dict[str, Any]:
         return answer_batch(fused, [c])[0] | {"batch": 1}
@@ -94,7 +97,7 @@ def run_grid(master: LM, settings: list[Setting], needles: list[Needle], lengths
     for st in settings:
         cells = grid_cells(st, needles, lengths, depths, texts, max_new_tokens)
         for rec in run_cells(store, cells, lambda st=st: closing(st.build()), answer, desc=st.name,
-                             compute_batch=answer_batch, batch_size=batch_size,
+                             compute_batch=answer_batch, batch_size=GROUP_SEATS * batch_size,
                              batch_key=lambda c: (c.fields["length"], c.item.lang)):
             if "skipped" in rec:
                 where = {k: rec[k] for k in ("setting", "needle", "length", "depth")}

@@ -22,14 +22,11 @@ import pandas as pd
 from ..analysis.stats import mcnemar, wilson
 from ..cells import Cell, CellCache, cell_key, run_cells
 from ..engine import checks
-from ..engine.continuous import ContinuousBatcher
+from ..engine.continuous import GROUP_SEATS, ContinuousBatcher
 from ..engine.fuse import FusedModel
 from ..errors import FusionLabError
 from ..paths import cache_dir
 STOP = ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\n```", "\nassert "]
-GROUP_SEATS = 4
-"""Cells per scheduled group = this x the seats: the scheduler keeps every seat busy within a group, and the cell
-cache is written after each group (so a stopped run loses at most one group)."""
 
 
 def problems() -> list[dict[str, Any]]:

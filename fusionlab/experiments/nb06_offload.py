@@ -23,6 +23,7 @@ import pandas as pd
 import torch
 
 from ..cells import Cell, CellCache, cell_key, run_cells
+from ..engine.continuous import GROUP_SEATS, ContinuousBatcher
 from ..engine.fuse import FusedModel, fuse
 from ..engine.layermap import LayerMap
 from ..engine.lm import LM
@@ -130,24 +131,21 @@ class Setting:
     slaves: list[str] = field(default_factory=list)
 
 
-def answers(fused: FusedModel, items: list[Item], reads: str, max_new_tokens: int) -> list[str]:
-    """A batch of items answered one way (see READS); every row equals its item answered alone."""
+def answers(fused: FusedModel, items: list[Item], reads: str, max_new_tokens: int, seats: int = 4) -> list[str]:
+    """Items answered one way (see READS) on `seats` seats of continuous batching; every row equals its item
+    answered alone."""
     m = fused.master
     prompts = [it.prompt(m) for it in items]
+    batcher = ContinuousBatcher(fused, min(seats, len(items)))
     if reads == "nothing":
-        return fused.generate(prompts, max_new_tokens=max_new_tokens)
+        return batcher.generate(prompts, max_new_tokens=max_new_tokens)
     if reads == "itself":  # the skyline: document ids + prompt ids, as one sequence per row
         rows = [torch.cat([m.encode(it.document), m.encode(p, special_tokens=False)], dim=1)[0]
                 for it, p in zip(items, prompts)]
-        width = max(len(r) for r in rows)
-        ids = torch.zeros(len(rows), width, dtype=rows[0].dtype)
-        mask = torch.zeros(len(rows), width, dtype=torch.long)
-        for i, r in enumerate(rows):
-            ids[i, :len(r)], mask[i, :len(r)] = r, 1
-        outs = fused.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens)
+        outs = batcher.generate(rows, max_new_tokens=max_new_tokens)
         return [m.tokenizer.decode(o[0, len(r):], skip_special_tokens=True) for o, r in zip(outs, rows)]
     docs = [it.document if reads == "document" else it.decoy for it in items]
-    return fused.generate(prompts, max_new_tokens=max_new_tokens, context=docs)
+    return batcher.generate(prompts, max_new_tokens=max_new_tokens, context=docs)
 
 
 def settings(master: LM, slaves: dict[str, tuple[LM, LstsqProjector]], kvcomm: dict[str, LayerMap] | None = None,
@@ -203,16 +201,18 @@ def default_cache() -> Path:
 
 def run(items: list[Item], grid: list[Setting], max_new_tokens: int = 24, cache: Path | None = None,
         batch_size: int = 4) -> pd.DataFrame:
-    """Every (setting, item) cell, resumable, `batch_size` items at a time (similar lengths together); one row per
-    cell with the answer, its label and its cost (`seconds`: a batch's wall time shared among its cells)."""
+    """Every (setting, item) cell, resumable, on `batch_size` seats of continuous batching over GROUP_SEATS x that many
+    items (similar lengths together); one row per cell with the answer, its label and its cost (`seconds`: a group's
+    wall time shared among its cells)."""
     store = CellCache(cache or default_cache())
 
     def compute_batch(reads: str) -> Callable[[FusedModel, list[Cell]], list[dict[str, Any]]]:
         def many(fused: FusedModel, cs: list[Cell]) -> list[dict[str, Any]]:
             t0 = time.perf_counter()
-            texts = answers(fused, [c.item for c in cs], reads, max_new_tokens)
+            texts = answers(fused, [c.item for c in cs], reads, max_new_tokens, batch_size)
             dt = round((time.perf_counter() - t0) / len(cs), 2)
-            return [{"answer": t, **score_item(t, c.item), "seconds": dt, "batch": len(cs)} for t, c in zip(texts, cs)]
+            return [{"answer": t, **score_item(t, c.item), "seconds": dt, "batch": min(batch_size, len(cs))}
+                    for t, c in zip(texts, cs)]
         return many
 
     rows = []
@@ -226,7 +226,7 @@ def run(items: list[Item], grid: list[Setting], max_new_tokens: int = 24, cache:
                                     "length": it.length, "depth": it.depth}, it))
         many = compute_batch(st.reads)
         for rec in run_cells(store, cells, lambda st=st: closing(st.build()), lambda f, c, many=many: many(f, [c])[0],
-                             desc=st.name, compute_batch=many, batch_size=batch_size,
+                             desc=st.name, compute_batch=many, batch_size=GROUP_SEATS * batch_size,
                              batch_key=lambda c: (c.fields["length"], c.fields["lang"])):
             rows.append({**rec, "role": st.role, "control_of": st.control_of})
     return pd.DataFrame(rows).drop(columns=["key"])

@@ -22,6 +22,7 @@ from typing import Any
 import pandas as pd
 
 from ..cells import Cell, CellCache, cell_key, run_cells
+from ..engine.continuous import GROUP_SEATS, ContinuousBatcher
 from ..engine.fuse import FusedModel, fuse
 from ..engine.lm import LM
 from .nb10_nll_transfer import Pair, default_cache, nll_after
@@ -55,7 +56,8 @@ def notes(relay: Relay, texts: list[str], cache: CellCache) -> dict[str, dict[st
     its cost."""
     def write(fused: FusedModel, cs: list[Cell]) -> list[dict[str, Any]]:
         t0 = time.perf_counter()
-        out = fused.generate([c.item for c in cs], max_new_tokens=relay.tokens, chat=True)
+        out = ContinuousBatcher(fused, min(4, len(cs))).generate([c.item for c in cs], max_new_tokens=relay.tokens,
+                                                                 chat=True)
         dt = round((time.perf_counter() - t0) / len(cs), 3)
         return [{"note": t, "note_seconds": dt} for t in out]
 
@@ -64,7 +66,7 @@ def notes(relay: Relay, texts: list[str], cache: CellCache) -> dict[str, dict[st
     cells = [Cell(cell_key("relay-note", relay.writer.fingerprint[:12], _digest(q), relay.tokens), {}, q)
              for q in prompts]
     recs = run_cells(cache, cells, lambda: closing(fuse(relay.writer, [])), lambda f, c: write(f, [c])[0],
-                     desc=f"{relay.label} notes", compute_batch=write, batch_size=4)
+                     desc=f"{relay.label} notes", compute_batch=write, batch_size=GROUP_SEATS * 4)
     return dict(zip(distinct, recs))
 
 

@@ -90,6 +90,17 @@ def test_seats_are_reused_and_padding_is_compacted(tiny):
         assert st.joins >= 2 and 0 < st.occupancy <= 1 and st.busy_seats <= st.decode_steps * 3
 
 
+def test_token_id_prompts_give_ids_like_generate(tiny):
+    m = tiny("tiny-phi3")
+    with fl.fuse(m, [fl.Slave(tiny("tiny-phi3", fresh=True), mode="blend", gate=0.5)]) as f:
+        rows = [m.encode(p)[0] for p in PROMPTS]
+        got = ContinuousBatcher(f, 2).generate(rows, max_new_tokens=6)
+        assert [g.tolist() for g in got] == [f.generate(r, max_new_tokens=6).tolist() for r in rows]
+        assert ContinuousBatcher(f, 2).generate(PROMPTS[:2], max_new_tokens=0) == ["", ""]  # as generate() gives
+        with pytest.raises(FusionLabError, match=r"prompts\[1\] must be a non-empty 1-D token id tensor"):
+            ContinuousBatcher(f, 2).generate([rows[0], "text"])
+
+
 def test_compact_drops_only_padding_every_row_has(tiny):
     m = tiny("tiny-llama")
     with fl.fuse(m, [fl.Slave(tiny("tiny-llama", fresh=True))]) as f:

@@ -142,31 +142,30 @@ def test_grid_skips_a_cell_whose_prompt_a_slave_cannot_hold(tiny, tmp_path):
     hay = tmp_path / "hay.txt"
     hay.write_text(HAY)
 
-    class ShortSlave:  # like FusedModel.generate: a string, or a batch (list) of them
-        def generate(self, prompt, max_new_tokens: int):
-            if isinstance(prompt, list):
-                return [self.generate(p, max_new_tokens) for p in prompt]
-            n = niah.n_tokens(m.tokenizer, prompt)
-            if n > 500:
-                raise ContextTooLong(f"prompt is {n} tokens for slave s, beyond its max positions 500.")
-            return "Lisbon"
+    class ShortSlave(fl.FusedModel):  # the master fused with a slave that holds 420 tokens: longer prompts refused
+        def __init__(self):
+            super().__init__(m, [])
 
-        def close(self) -> None:
-            pass
+        def prefill(self, prompt, *a, **kw):
+            for p in prompt if isinstance(prompt, list) else [prompt]:
+                n = niah.n_tokens(m.tokenizer, p)
+                if n > 420:
+                    raise ContextTooLong(f"prompt is {n} tokens for slave s, beyond its max positions 420.")
+            return super().prefill(prompt, *a, **kw)
 
-    args = dict(needles=[NEEDLE], lengths=[200, 500], depths=[10, 90], haystacks={"en": str(hay)},
+    args = dict(needles=[NEEDLE], lengths=[200, 300], depths=[10, 90], haystacks={"en": str(hay)},
                 cache=tmp_path / "c.jsonl", max_new_tokens=4)
     df = run_grid(m, [Setting("short", ShortSlave, "short")], **args)
-    assert df["length"].tolist() == [200, 200] and (df["label"] == "correct").all()
+    assert df["length"].tolist() == [200, 200] and df["answer"].notna().all()
     skipped = df.attrs["skipped"]
-    assert [(s["length"], s["depth"]) for s in skipped] == [(500, 10), (500, 90)]
-    assert "beyond its max positions 500" in skipped[0]["reason"]
+    assert [(s["length"], s["depth"]) for s in skipped] == [(300, 10), (300, 90)]
+    assert "beyond its max positions 420" in skipped[0]["reason"]
     built = []
     again = run_grid(m, [Setting("short", lambda: built.append(1) or ShortSlave(), "short")], **args)
     assert built == [] and again.attrs["skipped"] == skipped  # skipped cells are cached: no rebuild, same reasons
 
     class Broken(ShortSlave):
-        def generate(self, prompt, max_new_tokens: int):
+        def prefill(self, prompt, *a, **kw):
             raise FusionLabError("something else is wrong")
 
     with pytest.raises(FusionLabError, match="something else"):
