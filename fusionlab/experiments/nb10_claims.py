@@ -188,14 +188,17 @@ def relay_claim(table: pd.DataFrame) -> Claim:
     supported iff K/V beats the relay on every judged rung; partly supported iff on some; not supported iff on none
     and the relay wins on some; inconclusive otherwise (no judged rung: too few documents, no gap, no relay, or
     only ties)."""
-    rungs = table.to_dict("records")[1:]
-    got = [(r["slave"], relay_verdict(r)) for r in rungs]
+    every = [(r, relay_verdict(r)) for r in table.to_dict("records")[1:]]
+    got = [(r, v) for r, v in every if v != "no relay measured"]  # a bus has no one writer: no relay to compare
+    rungs, unrelayed = [r for r, _ in got], [r["slave"] for r, v in every if v == "no relay measured"]
     judged = [v for _, v in got if v in ("K/V beats the relay", "the relay beats K/V", "no difference")]
     wins = judged.count("K/V beats the relay")
     verdict = ("inconclusive" if not judged else "supported" if wins == len(judged) else
                "partly supported" if wins else
                "not supported" if "the relay beats K/V" in judged else "inconclusive")
-    measured = "; ".join(_relay_text(r, v) for r, (_, v) in zip(rungs, got))
+    measured = "; ".join(_relay_text(r, v) for r, v in got)
+    if unrelayed:
+        measured += f"{'; ' if measured else ''}no relay measured for {', '.join(unrelayed)}"
     return Claim(claim="a slave's K/V carry more of what it read than its text does (offload beats a text relay)",
                  seed_section="transfer map (FusionLab); C2C / KVComm compare with text communication",
                  seed_value="-", measured=(measured or "no rung beyond the exact copy") +

@@ -114,6 +114,11 @@ def test_relay_claim_skips_the_exact_copy_and_reads_degenerate_ladders_as_no_evi
     assert c10.relay_claim(pd.DataFrame([rung("noise:0")])).verdict == "inconclusive"  # nothing beyond the copy
     claim = c10.relay_claim(pd.DataFrame([rung("noise:0"), rung("int8")]))
     assert claim.claim_id == "X05" and "int8 K/V 0.50 vs relay 0.30" in claim.measured
+    no_relay = {"vs_relay": float("nan"), "vs_relay_low": float("nan"), "vs_relay_high": float("nan")}
+    bus = c10.relay_claim(pd.DataFrame([rung("noise:0"), rung("int8"), rung("smollm2,gemma3", **no_relay)]))
+    assert bus.verdict == "supported" and "nan" not in bus.measured and "1 rungs" in bus.n
+    assert bus.measured.endswith("no relay measured for smollm2,gemma3 (share of the NLL gap closed; advantage = "
+                                 "relay NLL - K/V NLL, nats/token)")
 
 
 def test_an_empty_note_is_scored_never_a_crash(tiny, tmp_path):
