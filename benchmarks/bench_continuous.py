@@ -1,7 +1,8 @@
 """Continuous batching against its anchor, side by side in one process: the master alone on HumanEval prompts through
 (a) transformers' own continuous batching (`model.generate_batch`, paged cache), (b) our `ContinuousBatcher` with no
 slave (no-op fusion), (c) our static batches (`FusedModel.generate` on groups of B). Greedy, EOS only (transformers'
-scheduler takes no stop strings), the same max_new_tokens, ABAB order.
+scheduler takes no stop strings), the same max_new_tokens, in turns; then (b) against (c) with HumanEval's stop
+strings, where rows end at different steps and a freed seat matters (both must give the same completions).
 
 Writes benchmarks/results/continuous.json: wall seconds and new tokens per second of each, ours / transformers' and
 continuous / static per pair (median), our occupancy, and how many completions agree token for token with (a).
@@ -37,16 +38,17 @@ def theirs(lm: fl.LM, prompts: list[str], new: int, seats: int) -> tuple[float, 
     return wall, by_prompt
 
 
-def ours(lm: fl.LM, prompts: list[str], new: int, seats: int, continuous: bool) -> tuple[float, list[str], float]:
+def ours(lm: fl.LM, prompts: list[str], new: int, seats: int, continuous: bool,
+         stop: list[str] | None = None) -> tuple[float, list[str], float]:
     with fl.fuse(lm, []) as f:
         t0 = time.perf_counter()
         if continuous:
             cb = ContinuousBatcher(f, seats)
-            texts = cb.generate(prompts, max_new_tokens=new)
+            texts = cb.generate(prompts, max_new_tokens=new, stop=stop)
             occ = cb.last_stats.occupancy
         else:
             texts = [t for at in range(0, len(prompts), seats) for t in f.generate(prompts[at:at + seats],
-                                                                                    max_new_tokens=new)]
+                                                                                    max_new_tokens=new, stop=stop)]
             occ = float("nan")
         wall = time.perf_counter() - t0
     return wall, texts, occ
@@ -65,9 +67,10 @@ def main() -> None:
     lm = fl.load(a.model)
     fits = [t["prompt"] for t in he.problems() if lm.encode(t["prompt"]).shape[1] + a.new <= lm.spec.max_positions]
     prompts = fits[:a.n]
-    runs: dict[str, list[float]] = {"transformers": [], "ours continuous": [], "ours static": []}
+    runs: dict[str, list[float]] = {"transformers": [], "ours continuous": [], "ours static": [],
+                                    "ours continuous, stop strings": [], "ours static, stop strings": []}
     toks: dict[str, int] = {}
-    agree, occ = None, []
+    agree, occ, occ_stop, same_stop = None, [], [], None
     for _ in range(a.reps):
         wall, ref = theirs(lm, prompts, a.new, a.seats)
         runs["transformers"].append(wall)
@@ -80,13 +83,25 @@ def main() -> None:
             if cont:
                 occ.append(o)
                 agree = sum(x == y for x, y in zip(got, ref_text))
+        for name, cont in (("ours continuous, stop strings", True), ("ours static, stop strings", False)):
+            wall, got, o = ours(lm, prompts, a.new, a.seats, cont, he.STOP)  # HumanEval's stops: rows end apart
+            runs[name].append(wall)
+            toks[name] = sum(len(lm.tokenizer(x, add_special_tokens=False)["input_ids"]) for x in got)
+            if cont:
+                occ_stop.append(o)
+                same_stop = got
+            elif got != same_stop:
+                raise SystemExit("continuous and static batching gave different completions with stop strings")
     ratio = lambda x, y: statistics.median(a_ / b_ for a_, b_ in zip(runs[x], runs[y]))  # noqa: E731
     rec = {"model": a.model, "prompts": a.n, "seats": a.seats, "max_new_tokens": a.new, "reps": a.reps,
            "threads": torch.get_num_threads(), "torch": torch.__version__, "wall_s": runs,
            "tok_per_s": {k: toks[k] / statistics.median(v) for k, v in runs.items()},
            "ours_continuous_over_transformers_wall": ratio("ours continuous", "transformers"),
            "continuous_over_static_wall": ratio("ours continuous", "ours static"),
-           "occupancy": statistics.mean(occ), "completions_agreeing_with_transformers": f"{agree} of {a.n}",
+           "continuous_over_static_wall_with_stop_strings": ratio("ours continuous, stop strings",
+                                                                 "ours static, stop strings"),
+           "occupancy": statistics.mean(occ), "occupancy_with_stop_strings": statistics.mean(occ_stop),
+           "completions_agreeing_with_transformers": f"{agree} of {len(prompts)}",
            "date": time.strftime("%Y-%m-%d")}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(rec, indent=2))
