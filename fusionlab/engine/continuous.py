@@ -24,7 +24,7 @@ from . import checks
 from .batch_inputs import check_lengths, rows_of
 from .fuse import FusedModel
 from .join import compact, join, stash
-from .sampling import cut_at_stop, eos_ids, hit_stop, next_token, sampling_configs
+from .sampling import cut_at_stop, eos_ids, next_token, row_ends, sampling_configs
 
 
 GROUP_SEATS = 4
@@ -97,15 +97,15 @@ class ContinuousBatcher:
         self.slot_bytes: list[dict[str, int]] = []
         """Per prompt of the last run: bytes of the slots each slave placed for it (as FusedModel.row_slot_bytes)."""
 
-    def _refusal(self, i: int, prompt: Any, chat: bool, context: Any, max_new_tokens: int) -> str | None:
-        """Why prompt i cannot run (it outgrows a model's positions), or None."""
+    def _refusal(self, prompt: Any, chat: bool, context: Any, max_new_tokens: int) -> str | None:
+        """Why the prompt cannot run (it outgrows a model's positions), or None."""
         one = prompt.view(1, -1) if isinstance(prompt, torch.Tensor) else [prompt]  # a batch of one, either way
         mask = torch.ones_like(one) if isinstance(one, torch.Tensor) else None
         try:
             rows, _ = rows_of(self.fused, one, chat, None if context is None else [context], None, mask)
             check_lengths(self.fused, rows, max_new_tokens)
         except ContextTooLong as e:
-            return f"prompt {i}: {e}"
+            return str(e)
         return None
 
     def generate(self, prompts: list[Any], max_new_tokens: int = 32, do_sample: bool = False,
@@ -127,7 +127,7 @@ class ContinuousBatcher:
         cfgs = sampling_configs(len(prompts), do_sample, temperature, top_p, seed)
         eos = eos_ids(f.master, eos_token_id)
         failed = {i: why for i, p in enumerate(prompts)
-                  if (why := self._refusal(i, p, chat, contexts[i], max_new_tokens)) is not None}
+                  if (why := self._refusal(p, chat, contexts[i], max_new_tokens)) is not None}
         waiting = deque(i for i in range(len(prompts)) if i not in failed and max_new_tokens > 0)  # 0: nothing new
         new: list[list[int]] = [[] for _ in prompts]
         stats = self.last_stats = ScheduleStats(self.batch_size)
@@ -153,8 +153,7 @@ class ContinuousBatcher:
             going = []
             for i, r in enumerate(active):
                 new[r].append(int(toks[i]))
-                if not (int(toks[i]) in eos or len(new[r]) == max_new_tokens
-                        or hit_stop(f.master.tokenizer, new[r], stop)):
+                if not row_ends(f.master.tokenizer, new[r], eos, max_new_tokens, stop):
                     going.append(i)
             if not going:
                 seq, logits, active = None, None, []
@@ -172,11 +171,11 @@ class ContinuousBatcher:
         else:
             texts = [cut_at_stop(f.master.tokenizer.decode(n, skip_special_tokens=True), stop) for n in new]
         if failed and len(prompts) == 1:
-            raise ContextTooLong(failed[0].split(": ", 1)[1])  # one prompt: its own reason, as generate() gives it
+            raise ContextTooLong(failed[0])  # one prompt: its own reason, as generate() gives it
         if failed:
+            reasons = "; ".join(f"prompt {i}: {why.rstrip('.')}" for i, why in failed.items())
             err = ContextTooLong(f"{len(failed)} of {len(prompts)} prompts could not run (the others finished; their "
-                                 f"texts are in this error's .results): " + "; ".join(w.rstrip(".") for w in failed.values())
-                                 + ".")
+                                 f"texts are in this error's .results): {reasons}.")
             err.results = [None if i in failed else t for i, t in enumerate(texts)]
             raise err
         return texts

@@ -21,7 +21,7 @@ from .lm import LM
 from .batch_inputs import check_lengths, left_padded, pad_id, rows_of
 from .placement import Row, SequenceState, live_step, pad_positions, place_slots
 from .preflight import check_alignment
-from .sampling import cut_at_stop, eos_ids, hit_stop, next_token, sampling_configs
+from .sampling import cut_at_stop, eos_ids, next_token, row_ends, sampling_configs
 from .slot_buffer import PAD_POSITION
 from .slave import ResolvedSlave, Slave
 
@@ -224,8 +224,7 @@ class FusedModel:
             going = []
             for i, r in enumerate(active):
                 new[r].append(int(toks[i]))
-                if not (int(toks[i]) in eos or len(new[r]) == max_new_tokens or
-                        hit_stop(self.master.tokenizer, new[r], stop)):
+                if not row_ends(self.master.tokenizer, new[r], eos, max_new_tokens, stop):
                     going.append(i)
             if not going:
                 break

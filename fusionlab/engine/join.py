@@ -113,10 +113,9 @@ def _join_injection(a: Injection, b: Injection, joint: JointBuffer | None, regio
     lookup = torch.cat([_right_pad(a.lookup, width, 1, NO_SLOT), _right_pad(b.lookup, width, 1, NO_SLOT)])
     n = torch.cat([a.n, b.n])
     if joint is not None and region is not None:
-        s, size = region
-        sl = slice(s, s + size)
-        return Injection(a.slave, a.mode, a.gate, joint.k[:, :, sl], joint.v[:, :, sl], joint.pos[:, sl], lookup, n,
-                         region)
+        inj = Injection(a.slave, a.mode, a.gate, a.k, a.v, a.pos, lookup, n, region)
+        inj.view_into(joint)  # k, v, pos: views of its region in the joined buffer
+        return inj
     cap = max(a.k.shape[2], b.k.shape[2])
     k = torch.cat([_right_pad(a.k, cap, 2, 0), _right_pad(b.k, cap, 2, 0)])
     v = torch.cat([_right_pad(a.v, cap, 2, 0), _right_pad(b.v, cap, 2, 0)])

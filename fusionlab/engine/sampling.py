@@ -58,6 +58,12 @@ def hit_stop(tokenizer: Any, new: list[int], stop: list[str] | None) -> bool:
     return any(s in tail for s in stop)
 
 
+def row_ends(tokenizer: Any, new: list[int], eos: set[int], max_new_tokens: int, stop: list[str] | None) -> bool:
+    """Does a row that just produced `new[-1]` stop here: an end-of-sequence id, max_new_tokens reached, or a stop
+    string in its tail? The one rule every generation loop (static batch, continuous scheduler) applies."""
+    return new[-1] in eos or len(new) == max_new_tokens or hit_stop(tokenizer, new, stop)
+
+
 def cut_at_stop(text: str, stop: list[str] | None) -> str:
     """`text` cut before the first stop string it contains."""
     cuts = [text.find(s) for s in stop or [] if s in text]

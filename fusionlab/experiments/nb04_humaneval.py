@@ -174,8 +174,8 @@ def batch_occupancy(df: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for setting, g in df[df["batch"] > 1].groupby("setting", sort=False):
         b = g.groupby(["seconds", "batch"])["new_tokens"].agg(["size", "sum", "max"])
-        occ = b["sum"].sum() / (b["size"] * b["max"].clip(lower=1)).sum()
-        if "occupancy" in g and g["occupancy"].notna().all():  # measured: weight each group by its rows
-            occ = float(g["occupancy"].mean())
+        measured = "occupancy" in g and g["occupancy"].notna().all()  # then the mean weights each group by its rows
+        occ = (float(g["occupancy"].mean()) if measured
+               else b["sum"].sum() / (b["size"] * b["max"].clip(lower=1)).sum())
         rows.append({"setting": setting, "batches": len(b), "mean_rows": b["size"].mean(), "occupancy": occ})
     return pd.DataFrame(rows, columns=["setting", "batches", "mean_rows", "occupancy"])
