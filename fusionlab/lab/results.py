@@ -29,10 +29,24 @@ def _home_for(run_size: str, folder: Path | None) -> Path:
     return results_dir() / "quick" if run_size == "quick" else results_dir()
 
 
+def _newlines(df: pd.DataFrame) -> pd.DataFrame:
+    """Carriage returns in text cells as newlines: the csv writer quotes a cell only for the characters of its own
+    line end ('\\n'), so a bare '\\r' (a generated note can hold one) went unquoted and pandas' reader split the
+    record there."""
+    text = [c for c in df.columns if df[c].dtype == object or pd.api.types.is_string_dtype(df[c])]
+    if not text:
+        return df
+    out = df.copy()
+    for c in text:
+        out[c] = out[c].map(lambda x: x.replace("\r\n", "\n").replace("\r", "\n") if isinstance(x, str) else x)
+    return out
+
+
 def save_table(df: pd.DataFrame, name: str, folder: Path | None = None) -> Path:
-    """`name`.csv (`<notebook>_<table>.<run size>`) in the results folder, written atomically."""
+    """`name`.csv (`<notebook>_<table>.<run size>`) in the results folder, written atomically; reading it back gives
+    the same rows (text with carriage returns written as newlines)."""
     size = name.rsplit(".", 1)[-1] if "." in name else ""
-    return atomic_write_text(_home_for(size, folder) / f"{name}.csv", df.to_csv(index=False))
+    return atomic_write_text(_home_for(size, folder) / f"{name}.csv", _newlines(df).to_csv(index=False))
 
 
 def save_claims(notebook: str, claims: list[Claim], run_size: str, folder: Path | None = None) -> Path:

@@ -41,3 +41,15 @@ def test_quick_results_go_to_the_ignored_folder(monkeypatch, tmp_path):
     probe = paths.results_dir() / "quick" / "x.csv"
     ignored = subprocess.run(["git", "check-ignore", "-q", str(probe)], cwd=paths.repo_root())
     assert ignored.returncode == 0
+
+
+def test_a_table_reads_back_with_the_same_rows(tmp_path):
+    """A generated note with a bare carriage return once split its CSV record in two on reading (two rows lost
+    their setting); every text cell now reads back, carriage returns as newlines."""
+    import pandas as pd
+
+    df = pd.DataFrame({"setting": ["a", "b", "c"], "note": ["x\ry 3 ", "p\r\nq", None], "nll": [1.0, 2.0, 3.0]})
+    path = results.save_table(df, "nb_t.default", folder=tmp_path)
+    back = pd.read_csv(path)
+    assert back.shape == df.shape and list(back["setting"]) == ["a", "b", "c"]
+    assert list(back["note"][:2]) == ["x\ny 3 ", "p\nq"] and list(back["nll"]) == [1.0, 2.0, 3.0]
