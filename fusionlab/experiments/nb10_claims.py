@@ -98,6 +98,36 @@ def relay_verdict(rung: dict) -> str:
     return "no difference"
 
 
+def domain_verdict(row: dict) -> str:
+    """One rung's transfer in one domain (`nb10_nll_transfer.transfer_by_domain`):
+
+      too few to judge       fewer than MIN_DOCS documents in the domain
+      beyond the skyline     CI wholly above 1 (the slots help more than the master reading A itself)
+      short of the skyline   CI wholly below 1
+      at the skyline         otherwise
+    """
+    if row["n"] < MIN_DOCS or not math.isfinite(row["lo"]):
+        return "too few to judge"
+    if row["lo"] > 1:
+        return "beyond the skyline"
+    return "short of the skyline" if row["hi"] < 1 else "at the skyline"
+
+
+def beyond_skyline_sentence(table: pd.DataFrame, by_domain: pd.DataFrame) -> str:
+    """For every rung whose pooled transfer CI lies above 1: where it comes from, domain by domain ('' if none)."""
+    parts = []
+    for r in table[table["lo"] > 1].to_dict("records"):
+        doms = by_domain[by_domain["setting"] == r["setting"]].to_dict("records")
+        if doms:
+            parts.append(f"{r['slave']} {r['transfer']:.2f} {interval(r['lo'], r['hi'], '.2f')}: " + ", ".join(
+                f"{d['domain']} {d['transfer']:.2f} {interval(d['lo'], d['hi'], '.2f')} (n={d['n']}, "
+                f"{domain_verdict(d)})" for d in doms))
+    if not parts:
+        return ""
+    return ("Transfer above 1 (the slots help more than the master reading part A itself), by domain: "
+            + "; ".join(parts) + ".")
+
+
 def ladder_verdict(rungs: list[dict], judge: Callable[[dict], str] = rung_verdict) -> dict:
     """The ladder in order of divergence from the master (first: the exact copy, the positive control). Where
     transfer breaks counts only if the exact copy transfers; a rung the rules cannot judge ('too few', 'no gap',

@@ -178,6 +178,21 @@ def transfer(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFram
     return pd.DataFrame(rows)
 
 
+def transfer_by_domain(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """The K/V offloads' transfer per domain (paired bootstrap over that domain's documents): where a pooled
+    transfer above 1 comes from (the slave's slots helping more than the master reading A itself)."""
+    floor, sky = _by_doc(df, df["role"] == "floor"), _by_doc(df, df["role"] == "skyline")
+    domain = df[df["role"] == "floor"].drop_duplicates("doc").set_index("doc")["domain"]
+    rows = []
+    for setting, g in df[df["role"].isin(["self", "cross", "bus"])].groupby("setting", sort=False):
+        s = g.set_index("doc")["nll"]
+        for dom, docs in domain[s.index.intersection(floor.index).intersection(sky.index)].groupby(domain):
+            d = docs.index
+            rows.append({"setting": setting, "slaves": g["slaves"].iloc[0], "domain": dom,
+                         **transfer_rate(s[d].to_numpy(), floor[d].to_numpy(), sky[d].to_numpy(), n_boot, seed)})
+    return pd.DataFrame(rows)
+
+
 def _ceiling(df: pd.DataFrame, slave: str, docs: pd.Index, seed: int) -> dict[str, float]:
     """One slave's own gain from reading A (its floor - its skyline on B, per document), where the grid has it."""
     ceil = df[(df["role"] == "ceiling") & (df["slaves"] == slave)]

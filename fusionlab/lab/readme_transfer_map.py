@@ -9,7 +9,8 @@ from pathlib import Path
 import pandas as pd
 
 from ..analysis.stats import interval
-from ..experiments.nb10_claims import control_verdict, nll_rung_verdict, relay_verdict, rung_verdict
+from ..experiments.nb10_claims import (beyond_skyline_sentence, control_verdict, nll_rung_verdict, relay_verdict,
+                                       rung_verdict)
 from ..experiments.nb10_crossing import sentence
 from .results import best_table
 
@@ -68,13 +69,20 @@ def transfer_map_markdown(folder: Path | None = None) -> str:
         f"{df['gap'].iloc[0]:.2f} nats/token) the offload closes; vs other document = the control's NLL minus the "
         "offload's; slave's own gain = its own gap from reading A as a share of the master's; distance = 1 − "
         "layer-mean K/V R² after lstsq; through lstsq / KVComm layers / text relay: the same transfer through the "
-        "other channels." + _crossing(folder))
+        "other channels." + _crossing(folder) + _by_domain(df, folder))
 
 
 def _crossing(folder: Path | None) -> str:
     """Where the weight-noise curve halves (`nb10_crossing`), when the run saved it."""
     got = best_table("10_crossing", folder)
     return "" if got is None else f" Weight-noise rungs as one curve of KL: {sentence(got[0].iloc[0].to_dict())}."
+
+
+def _by_domain(table: pd.DataFrame, folder: Path | None) -> str:
+    """Where a transfer above 1 comes from, domain by domain (`nb10_claims.beyond_skyline_sentence`), when saved."""
+    got = best_table("10_transfer_by_domain", folder)
+    text = "" if got is None or "setting" not in table else beyond_skyline_sentence(table, got[0])
+    return f" {text}" if text else ""
 
 
 OFFLOAD_HEAD = ("| slave | floor | skyline | slave alone (ceiling) | offload | other document | transfer [95% CI] | "

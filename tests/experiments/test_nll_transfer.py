@@ -82,6 +82,34 @@ def test_transfer_arithmetic_on_hand_made_documents():
     assert math.isnan(zero["transfer"]) and c10.nll_rung_verdict(dict(zero)) == "no gap to transfer"
 
 
+def test_transfer_beyond_the_skyline_is_traced_to_its_domain():
+    """A pooled transfer above 1 is split by domain: the domain whose slots beat the master reading A itself is named,
+    one at the skyline is not, and a domain with fewer than MIN_DOCS documents gets no verdict however narrow its
+    CI; no rung above 1, no sentence."""
+    rng = np.random.default_rng(1)
+    parts = []
+    for dom, n, extra in (("chinese", 12, 0.3), ("code", 12, 0.0), ("english", c10.MIN_DOCS - 1, 0.3)):
+        f = 3 + rng.normal(0, 0.1, n)
+        k = f - 1
+        noise = rng.normal(0, 0.1, n)
+        part = frame(f, k, k - extra + noise - noise.mean(), f, f, k)
+        part["doc"] = dom + part["doc"]
+        parts.append(part.assign(domain=dom))
+    cells = pd.concat(parts, ignore_index=True)
+    by = nll.transfer_by_domain(cells).set_index("domain")
+    assert list(by["n"]) == [12, 12, c10.MIN_DOCS - 1]
+    assert by.loc["chinese", "transfer"] == pytest.approx(1.3) and by.loc["code", "transfer"] == pytest.approx(1.0)
+    verdicts = {d: c10.domain_verdict(r) for d, r in by.iterrows()}
+    assert verdicts == {"chinese": "beyond the skyline", "code": "at the skyline", "english": "too few to judge"}
+    table = nll.transfer(cells).assign(slave="s")
+    assert table["lo"].iloc[0] > 1
+    text = c10.beyond_skyline_sentence(table, by.reset_index())
+    assert ": s 1.19 [" in text and "chinese 1.30 [" in text and "(n=12, beyond the skyline)" in text
+    assert f"(n={c10.MIN_DOCS - 1}, too few to judge)" in text and "code 1.00 [" in text
+    assert c10.beyond_skyline_sentence(table.assign(lo=0.9), by.reset_index()) == ""
+    assert c10.domain_verdict({"n": 12, "lo": float("nan"), "hi": float("nan")}) == "too few to judge"
+
+
 def rung(slave="s", n=30, gap_low=0.2, ceiling_gap_low=0.1, lo=0.4, hi=0.8, vs_control_low=0.05, transfer=0.6):
     return {"slave": slave, "n": n, "gap_low": gap_low, "ceiling_gap_low": ceiling_gap_low, "lo": lo, "hi": hi,
             "vs_control_low": vs_control_low, "transfer": transfer}

@@ -108,6 +108,12 @@ def test_bench_table_says_what_bounds_batch_scaling(tmp_path):
     r["batch_decode"]["8"] = batch(21.0, 30.0)
     (tmp_path / "fusion.json").write_text(json.dumps(r))
     assert "scales 5.00: the fusion loses scaling" in readme.bench_markdown(tmp_path)
+    second = {"16": {**batch(40.0, 41.0), "ratio": 0.96, "ci_low": 0.951, "ci_high": 0.97}}
+    (tmp_path / "fusion.json").write_text(json.dumps(r | {"batch_decode_runs": [r["batch_decode"], second]}))
+    md = readme.bench_markdown(tmp_path)
+    assert "(40.0 vs 41.0 tok/s; a step +12.5 ms, of which the attention kernel +11.0 ms; run 2: 0.960 [0.951, " \
+           "0.970]) |" in md  # every run reported, the first in full
+    assert "run 2" not in md.split("batch 8 (")[1].split("\n")[0]  # a batch size the second run lacks
 
 
 def test_reliability_block_with_and_without_the_rerun_attribution(tmp_path):
@@ -189,6 +195,13 @@ def test_transfer_map_block_adds_the_crossing_when_saved(tmp_path):
     assert transfer_map_markdown(tmp_path).endswith(
         "Weight-noise rungs as one curve of KL: transfer falls to 50% of the gap at KL 2 nats/token [1.5, 2.5] "
         "(bootstrap over 30 documents; 99% of resamples cross within the ladder).")
+    pd.DataFrame([{**row, "setting": "+noise:0", "lo": 1.02, "hi": 1.1, "transfer": 1.05}]).to_csv(
+        tmp_path / "10_transfer_map.default.csv", index=False)
+    pd.DataFrame([{"setting": "+noise:0", "slaves": "noise:0", "domain": "chinese", "n": 12, "transfer": 1.2,
+                   "lo": 1.1, "hi": 1.3}]).to_csv(tmp_path / "10_transfer_by_domain.default.csv", index=False)
+    assert transfer_map_markdown(tmp_path).endswith(  # a transfer above 1, traced to its domain
+        "resamples cross within the ladder). Transfer above 1 (the slots help more than the master reading part A "
+        "itself), by domain: noise:0 1.05 [1.02, 1.10]: chinese 1.20 [1.10, 1.30] (n=12, beyond the skyline).")
 
 
 def test_offload_ladder_and_fuser_control_blocks_from_saved_tables(tmp_path):
