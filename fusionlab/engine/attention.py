@@ -20,7 +20,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMa
 from ..errors import FusionLabError
 from . import registry
 from .attention_core import (AttentionOverride, LayerRuntime, Recorder, apply_edits, attend, attention_scale,
-                             base_attention, decode_packed, record, repeat_kv, visible)
+                             base_attention, decode_packed, record, repeat_kv, step_bias, visible)
 from .batch_attention import batched_attention
 from .slot_buffer import FAR, JointBuffer
 
@@ -138,10 +138,14 @@ def fusion_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
     scale = attention_scale(query, scaling)
     cache: dict[str, torch.Tensor] = {}
 
-    def scores_bias() -> torch.Tensor:  # (Q, N): bias where visible, -inf elsewhere; built once, if needed
+    def build() -> torch.Tensor:  # (Q, N): bias where visible, -inf elsewhere
+        mask = visible(q_pos, k_pos, kw.get("sliding_window"), windowed)
+        return torch.where(mask, bias[None, :], float("-inf")).to(query.dtype)
+
+    def scores_bias() -> torch.Tensor:  # built once per layer, if needed; once per step for a shared layout
         if "b" not in cache:
-            mask = visible(q_pos, k_pos, kw.get("sliding_window"), windowed)
-            cache["b"] = torch.where(mask, bias[None, :], float("-inf")).to(query.dtype)
+            cache["b"] = build() if joint is None else step_bias(rt, joint, kw.get("sliding_window"),
+                                                                  k_pos.shape[0], build)
         return cache["b"]
 
     rec = rt.recorder

@@ -71,6 +71,9 @@ class LayerRuntime:
     """(B, Q) bool for a batch with left pads: which queries are real tokens (None: all)."""
     seq_pos: torch.Tensor | None = None
     """(B, E) position of every cache entry of the batch (PAD_POSITION for pads): the own keys of an unfused layer."""
+    step: dict[tuple, torch.Tensor] | None = None
+    """One forward's score biases by (layout, window, entries), shared by all its layers (set by FusedModel._forward,
+    dropped after it): layers with the same slot layout build their mask once per step (`step_bias`)."""
 
 
 def base_attention(module: Any, name: str) -> Callable[..., Any]:
@@ -103,6 +106,18 @@ def visible(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None,
             in_window = in_window | ~k_windowed
         ok = ok & in_window
     return ok
+
+
+def step_bias(rt: LayerRuntime, joint: JointBuffer, window: int | None, n: int,
+              build: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """This layer's score bias over the first n entries of `joint`: built once per forward for every layer with
+    the same layout and window (see JointBuffer.layout), else `build()` each time."""
+    if rt.step is None:
+        return build()
+    key = (joint.layout, window, n)
+    if key not in rt.step:
+        rt.step[key] = build()
+    return rt.step[key]
 
 
 def apply_edits(rt: LayerRuntime, key: torch.Tensor, value: torch.Tensor, q_pos: torch.Tensor) -> None:

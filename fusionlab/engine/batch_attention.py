@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from .attention_core import LayerRuntime, apply_edits, attend, attention_scale, base_attention, record, visible
+from .attention_core import (LayerRuntime, apply_edits, attend, attention_scale, base_attention, record, step_bias,
+                             visible)
 from .slot_buffer import PAD_POSITION
 
 
@@ -50,9 +51,13 @@ def batched_attention(rt: LayerRuntime, module: Any, query: torch.Tensor, key: t
         k_all, v_all, k_pos = key, value, rt.seq_pos[:, total - n:total]
         k_src = torch.full((n,), -1, device=key.device)
         bias, windowed = torch.zeros(n, device=key.device), torch.ones(n, dtype=torch.bool, device=key.device)
-    scale = attention_scale(query, scaling)
-    mask = row_mask(q_pos, k_pos, kw.get("sliding_window"), windowed)
-    sbias = torch.where(mask, bias[None, None, :], float("-inf")).to(query.dtype)  # (B, Q, N)
+    scale, window = attention_scale(query, scaling), kw.get("sliding_window")
+
+    def build() -> torch.Tensor:  # (B, Q, N): bias where visible, -inf elsewhere
+        mask = row_mask(q_pos, k_pos, window, windowed)
+        return torch.where(mask, bias[None, None, :], float("-inf")).to(query.dtype)
+
+    sbias = build() if joint is None else step_bias(rt, joint, window, k_pos.shape[1], build)
     if joint is None:
         out = base()
     else:

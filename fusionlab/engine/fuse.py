@@ -97,15 +97,16 @@ class FusedModel:
         seq.pos[:, e0:e0 + q] = pos if real is None else torch.where(real, pos, PAD_POSITION)
         pads = bool((seq.pos[:, :e0 + q] == PAD_POSITION).any())
         mask = (seq.pos[:, :e0 + q] != PAD_POSITION).long() if pads else None  # transformers' own layers need it
+        step: dict = {}  # this forward's score biases, shared by the layers with one slot layout
         for rt in self._runtimes.values():
-            rt.active, rt.past, rt.seq_pos = True, e0, seq.pos[:, :e0 + q]
+            rt.active, rt.past, rt.seq_pos, rt.step = True, e0, seq.pos[:, :e0 + q], step
             rt.q_real = real if real is not None and not bool(real.all()) else None
         try:
             out = self.master.model(input_ids=ids, position_ids=pos, attention_mask=mask, cache=seq.master_cache,
                                     use_cache=True, logits_to_keep=logits_to_keep)
         finally:
             for rt in self._runtimes.values():
-                rt.active, rt.q_real, rt.seq_pos = False, None, None
+                rt.active, rt.q_real, rt.seq_pos, rt.step = False, None, None, None
         seq.entries += q
         seq.next_pos = seq.next_pos + (q if real is None else real.sum(1))
         return out.logits

@@ -161,13 +161,8 @@ def compact(seq: SequenceState) -> int:
             layer.keys, layer.values = layer.keys[:, :, k:], layer.values[:, :, k:]
     seq.pos = F.pad(seq.pos[:, k:], (0, k), value=FAR)
     for rt in (seq.runtimes or {}).values():
-        j = rt.joint
-        if j is not None:
-            o = j.own_offset
-            j.k[:, :, o:o + e - k] = j.k[:, :, o + k:o + e].clone()
-            j.v[:, :, o:o + e - k] = j.v[:, :, o + k:o + e].clone()
-            j.pos[:, o:o + e - k] = j.pos[:, o + k:o + e].clone()
-            j.pos[:, o + e - k:o + e] = FAR
+        if rt.joint is not None:
+            rt.joint.drop_own(k, e)
     seq.entries = e - k
     return k
 

@@ -111,6 +111,15 @@ class JointBuffer:
     """(start, size, gate) of each slave's slot region."""
     dense: bool = False
     """One row, every slot region full and every gate 1: a decode query sees all entries, no mask needed."""
+    region_keys: list[tuple] = field(default_factory=list)
+    """(start, size, gate, slave, windowed) of each region: what `layout` is made of."""
+
+    @property
+    def layout(self) -> tuple:
+        """Two layers with equal layouts hold equal positions, biases and window flags (a slave's slots sit at the
+        same positions at every layer it reaches, and every layer writes the same own entries), so one step's score
+        bias serves both (`attention_core.step_bias`)."""
+        return (self.own_offset, *self.region_keys)
 
     @classmethod
     def allocate(cls, b: int, h: int, d: int, slots: int, tokens: int, dtype: torch.dtype,
@@ -128,6 +137,7 @@ class JointBuffer:
         """Views (k, v, pos) of one slave's slot region; sets its bias, window flag and source."""
         sl = slice(start, start + size)
         self.regions.append((start, size, gate))
+        self.region_keys.append((start, size, gate, slave, window_slots))
         self.bias[sl] = math.log(gate) if gate > 0 else float("-inf")
         self.windowed[sl] = window_slots
         self.src[sl] = slave
@@ -137,11 +147,20 @@ class JointBuffer:
         """Store the new tokens' own K/V (the last Q of `key`) as cache entries past..past+Q-1, with their
         positions q_pos (B, Q) (PAD_POSITION for pads); returns the entries in use."""
         q = q_pos.shape[1]
-        idx = self.own_offset + past + torch.arange(q, device=key.device)
-        self.k[:, :, idx] = key[:, :, -q:]
-        self.v[:, :, idx] = value[:, :, -q:]
-        self.pos[:, idx] = q_pos
-        return self.own_offset + past + q
+        start = self.own_offset + past
+        self.k[:, :, start:start + q] = key[:, :, -q:]  # a slice copy, not an index_put: decode's hot path
+        self.v[:, :, start:start + q] = value[:, :, -q:]
+        self.pos[:, start:start + q] = q_pos
+        return start + q
+
+    def drop_own(self, k: int, entries: int) -> None:
+        """Forget the first k of `entries` own cache entries (pads in every row): the rest move k entries left, as
+        the master's cache does (`join.compact`)."""
+        o, e = self.own_offset, entries
+        self.k[:, :, o:o + e - k] = self.k[:, :, o + k:o + e].clone()
+        self.v[:, :, o:o + e - k] = self.v[:, :, o + k:o + e].clone()
+        self.pos[:, o:o + e - k] = self.pos[:, o + k:o + e].clone()
+        self.pos[:, o + e - k:o + e] = FAR
 
     def select(self, idx: torch.Tensor) -> None:
         self.k, self.v, self.pos = self.k[idx], self.v[idx], self.pos[idx]

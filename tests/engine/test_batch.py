@@ -128,6 +128,32 @@ def test_the_tests_catch_a_mask_that_lets_pads_through(tiny, monkeypatch):
             rows_equal_alone(f, PROMPTS)
 
 
+@pytest.mark.parametrize("name", TINY_NAMES)
+def test_one_mask_per_step_for_layers_that_share_a_slot_layout(tiny, name, monkeypatch):
+    """The score bias is built once per forward for every layer with the same layout (slaves, gates, window):
+    one layout -> one build per forward (two on a model with sliding layers); giving half the layers another gate
+    adds a layout, and the rows stay equal to their prompts alone (a stale bias from another layout would break
+    them)."""
+    m, s = tiny(name), rope_variant(name, theta_factor=2.0)
+    builds = []
+    real_mask = ba.row_mask
+    monkeypatch.setattr(ba, "row_mask", lambda *a: builds.append(1) or real_mask(*a))
+    windows = len({t for t in m.spec.layer_types if t in ("full_attention", "sliding_attention")})
+    layers = m.spec.layers
+    with fl.fuse(m, [fl.Slave(s, gate=0.7)]) as f:
+        seq, _, _ = f.prefill(PROMPTS, max_new_tokens=2)
+        builds.clear()
+        f.decode_one_token(seq, torch.zeros(len(PROMPTS), 1, dtype=torch.long))
+        assert len(builds) == windows
+    gates = {i: (0.7 if i % 2 else 0.4) for i in range(layers)}
+    with fl.fuse(m, [fl.Slave(s, gate=gates)]) as f:
+        rows_equal_alone(f, PROMPTS)
+        seq, _, _ = f.prefill(PROMPTS, max_new_tokens=2)
+        builds.clear()
+        f.decode_one_token(seq, torch.zeros(len(PROMPTS), 1, dtype=torch.long))
+        assert windows < len(builds) <= 2 * windows
+
+
 def test_bad_batch_inputs(tiny):
     m = tiny("tiny-qwen2")
     with fl.fuse(m, [fl.Slave(tiny("tiny-qwen2", fresh=True))]) as f:
