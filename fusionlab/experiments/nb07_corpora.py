@@ -127,6 +127,14 @@ def chunks(tokenizer: Any, docs: list[Doc], split: str, tokens: int = 256, per_d
     return out
 
 
+def with_controls(by_domain: dict[str, list[TrainChunk]]) -> tuple[dict[str, list[TrainChunk]], list[str]]:
+    """The domains whose chunks span at least 2 documents, and the names of those left out: a control reads another
+    document of the same set, so a domain drawn from one file cannot have one (offload's held-out Chinese: one
+    held-out file is long enough for two windows)."""
+    kept = {d: chs for d, chs in by_domain.items() if len({c.doc for c in chs}) >= 2}
+    return kept, [d for d in by_domain if d not in kept]
+
+
 def domain_of(chunk: TrainChunk, docs: list[Doc]) -> str:
     """Which domain a chunk came from (by its text)."""
     for d in docs:

@@ -97,3 +97,12 @@ def test_training_and_heldout_controls_read_another_document(tiny, monkeypatch):
     assert len(seen) == 2
     for reads in seen:
         assert all(chunks[r].doc != c.doc for c, r in zip(chunks, reads))
+
+
+def test_a_held_out_domain_from_one_document_is_left_out_not_crashed_on():
+    """Notebook 07's default run died on offload's held-out Chinese (two windows of one file: no other document to
+    read); such a domain now leaves the evaluation, named, and every kept domain can derange."""
+    kept, dropped = corpora.with_controls({"code": corpus([2, 1]), "chinese": corpus([3]), "english": []})
+    assert list(kept) == ["code"] and dropped == ["chinese", "english"]
+    assert all(chunks[i].doc != chunks[j].doc for chunks in kept.values()
+               for i, j in enumerate(document_derangement(chunks, 0)))
