@@ -64,7 +64,7 @@ def _prefill_split(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     if _FLASH_CPU is None or query.device.type != "cpu" or key.shape[2] != q:
         return None
     parts = [(key, value, 0.0, True)]
-    for start, size, gate in joint.regions:
+    for start, size, gate, _, _ in joint.regions:
         pos = joint.pos[0, start:start + size]
         n = int((pos != FAR).sum())
         if n == 0 or bool((pos[n:] != FAR).any()):  # filled entries must be a prefix of the region
@@ -144,8 +144,7 @@ def fusion_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
 
     def scores_bias() -> torch.Tensor:  # built once per layer, if needed; once per step for a shared layout
         if "b" not in cache:
-            cache["b"] = build() if joint is None else step_bias(rt, joint, kw.get("sliding_window"),
-                                                                  k_pos.shape[0], build)
+            cache["b"] = step_bias(rt, joint, kw.get("sliding_window"), k_pos.shape[0], build)
         return cache["b"]
 
     rec = rt.recorder

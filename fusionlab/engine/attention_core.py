@@ -108,11 +108,12 @@ def visible(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None,
     return ok
 
 
-def step_bias(rt: LayerRuntime, joint: JointBuffer, window: int | None, n: int,
+def step_bias(rt: LayerRuntime, joint: JointBuffer | None, window: int | None, n: int,
               build: Callable[[], torch.Tensor]) -> torch.Tensor:
     """This layer's score bias over the first n entries of `joint`: built once per forward for every layer with
-    the same layout and window (see JointBuffer.layout), else `build()` each time."""
-    if rt.step is None:
+    the same layout and window (see JointBuffer.layout); `build()` each time outside a FusedModel forward or for an
+    unfused layer (no joint: a recorder's own keys)."""
+    if rt.step is None or joint is None:
         return build()
     key = (joint.layout, window, n)
     if key not in rt.step:

@@ -57,7 +57,7 @@ def batched_attention(rt: LayerRuntime, module: Any, query: torch.Tensor, key: t
         mask = row_mask(q_pos, k_pos, window, windowed)
         return torch.where(mask, bias[None, None, :], float("-inf")).to(query.dtype)
 
-    sbias = build() if joint is None else step_bias(rt, joint, window, k_pos.shape[1], build)
+    sbias = step_bias(rt, joint, window, k_pos.shape[1], build)
     if joint is None:
         out = base()
     else:

@@ -90,8 +90,8 @@ def _join_joint(a: JointBuffer, ea: int, b: JointBuffer, eb: int, room: int) -> 
     ba, bb = a.k.shape[0], b.k.shape[0]
     out = JointBuffer.allocate(ba + bb, a.k.shape[1], a.k.shape[3], sum(sizes), e + room, a.k.dtype, a.k.device)
     start, placed = 0, []
-    for (sa, na, gate), (sb, nb, _), size in zip(a.regions, b.regions, sizes):
-        k, v, pos = out.region(start, size, int(a.src[sa]), gate, bool(a.windowed[sa]))
+    for (sa, na, gate, slave, windowed), (sb, nb, *_), size in zip(a.regions, b.regions, sizes):
+        k, v, pos = out.region(start, size, slave, gate, windowed)
         for rows, buf, s0, n in ((slice(0, ba), a, sa, na), (slice(ba, ba + bb), b, sb, nb)):
             k[rows, :, :n], v[rows, :, :n], pos[rows, :n] = buf.k[:, :, s0:s0 + n], buf.v[:, :, s0:s0 + n], \
                 buf.pos[:, s0:s0 + n]
@@ -133,7 +133,7 @@ def join(runtimes: dict[int, LayerRuntime], a: SequenceState, a_slots: dict[int,
         sa, joint, placed = a_slots[i], None, {}
         if sa.joint is not None:
             joint, regions = _join_joint(sa.joint, ea, rt.joint, eb, room)
-            placed = {int(sa.joint.src[s]): r for (s, _, _), r in zip(sa.joint.regions, regions)}
+            placed = {slave: r for (_, _, _, slave, _), r in zip(sa.joint.regions, regions)}
         rt.injections = [_join_injection(x, y, joint, placed.get(x.slave) if x.mode == "concat" else None)
                          for x, y in zip(sa.injections, rt.injections)]
         rt.joint = joint

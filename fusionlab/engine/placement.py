@@ -156,7 +156,7 @@ def _fill_layer(rt: LayerRuntime, items: list[SlaveSlots], n_rows: int, entries:
             inj.write(x.row, x.k, x.v, x.pos)
         rt.injections.append(inj)
     if rt.joint is not None:
-        rt.joint.dense = n_rows == 1 and timing == "prefix" and all(g == 1.0 for _, _, g in rt.joint.regions)
+        rt.joint.dense = n_rows == 1 and timing == "prefix" and all(g == 1.0 for _, _, g, _, _ in rt.joint.regions)
 
 
 def place_slots(runtimes: dict[int, LayerRuntime], master: LM, slaves: list[ResolvedSlave], rows: list[Row],

@@ -107,19 +107,16 @@ class JointBuffer:
     src: torch.Tensor
     """(N_cap,) -1 for own keys, else the slave index."""
     own_offset: int
-    regions: list[tuple[int, int, float]] = field(default_factory=list)
-    """(start, size, gate) of each slave's slot region."""
+    regions: list[tuple[int, int, float, int, bool]] = field(default_factory=list)
+    """(start, size, gate, slave, windowed) of each slave's slot region."""
     dense: bool = False
     """One row, every slot region full and every gate 1: a decode query sees all entries, no mask needed."""
-    region_keys: list[tuple] = field(default_factory=list)
-    """(start, size, gate, slave, windowed) of each region: what `layout` is made of."""
-
     @property
     def layout(self) -> tuple:
         """Two layers with equal layouts hold equal positions, biases and window flags (a slave's slots sit at the
         same positions at every layer it reaches, and every layer writes the same own entries), so one step's score
         bias serves both (`attention_core.step_bias`)."""
-        return (self.own_offset, *self.region_keys)
+        return (self.own_offset, *self.regions)
 
     @classmethod
     def allocate(cls, b: int, h: int, d: int, slots: int, tokens: int, dtype: torch.dtype,
@@ -136,8 +133,7 @@ class JointBuffer:
     def region(self, start: int, size: int, slave: int, gate: float, window_slots: bool):
         """Views (k, v, pos) of one slave's slot region; sets its bias, window flag and source."""
         sl = slice(start, start + size)
-        self.regions.append((start, size, gate))
-        self.region_keys.append((start, size, gate, slave, window_slots))
+        self.regions.append((start, size, gate, slave, window_slots))
         self.bias[sl] = math.log(gate) if gate > 0 else float("-inf")
         self.windowed[sl] = window_slots
         self.src[sl] = slave
