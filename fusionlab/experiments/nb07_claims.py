@@ -102,11 +102,13 @@ def curve_claim(nll: pd.DataFrame, slave: str = "Gemma 270M") -> Claim:
                      f"crosses 0 at {_budget(r.crossing)}: {r.verdict}")
     verdict = "supported" if (v["verdict"] == "beats the constant control").any() else "inconclusive"
     docs = int(pooled["docs"].max()) if len(pooled) else 0
+    seeds = int(nll["seed"].nunique()) if "seed" in nll else 1
     return Claim(claim="with enough training tokens a slave-fed fuser beats learned constant slots on held-out "
                        "documents (information from the slave, not an adapter)",
                  seed_section="2.2 / C2C", seed_value="C2C: fusers carry the sharer's knowledge",
                  measured="; ".join(parts) + " (held-out NLL, nats/token)",
                  n=f"{docs} held-out documents pooled (domains with >= {MIN_DOCS}), budgets "
-                   + ", ".join(_budget(b) for b in sorted(set(nll['budget']) - {0})),
+                   + ", ".join(_budget(b) for b in sorted(set(nll['budget']) - {0}))
+                   + (f"; {seeds} training seeds (a gain must hold in each)" if seeds > 1 else ""),
                  setup=f"Qwen 0.5B master; {slave} slave; blend fusers with a slave-free table, best by validation",
                  verdict=verdict, claim_id="X08", notebook="07_learned_fuser")

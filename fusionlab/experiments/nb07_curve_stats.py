@@ -7,6 +7,8 @@ rules are tested on hand-made frames, degenerate ones included.
     trend         fuser - constant against log2(budget): the slope (nats per doubling), its CI over documents, and the
                   budget at which the fitted line would cross 0 (the fuser catching the constant control)
     curve_verdict one rule per fuser (X08, `nb07_claims.curve_claim`, is judged from these)
+    seed_table    the same pooled rows per training seed, at the budgets every seed reached: the curve is the first
+                  seed's runs, and a gain the verdict reads must hold in every seed (`verdicts`)
 """
 from __future__ import annotations
 
@@ -29,8 +31,16 @@ CURVE_VERDICTS = ("beats the constant control", "trends toward the constant cont
                   "inconclusive")
 
 
+def first_seed(nll: pd.DataFrame) -> pd.DataFrame:
+    """The curve's rows: the first seed's runs (the master alone is seed 0). Further seeds repeat only some runs at
+    some budgets; pooling them into the curve would average unlike things, so they go to `seed_table` alone."""
+    if "seed" not in nll:
+        return nll
+    return nll[(nll["seed"] == nll["seed"].min()) | (nll["variant"] == MASTER)]
+
+
 def _wide(nll: pd.DataFrame) -> pd.DataFrame:
-    return nll.pivot_table(index=["domain", "doc", "chunk"], columns=["variant", "budget"], values="nll")
+    return first_seed(nll).pivot_table(index=["domain", "doc", "chunk"], columns=["variant", "budget"], values="nll")
 
 
 def pooled_domains(nll: pd.DataFrame) -> list[str]:
@@ -53,6 +63,7 @@ def _against(variant: str, variants: set[str]) -> list[tuple[str, str | None]]:
 
 def curve_table(nll: pd.DataFrame) -> pd.DataFrame:
     """One row per (variant, budget, domain | 'pooled', against): n chunks, documents, mean change, 95 % CI."""
+    nll = first_seed(nll)
     wide = _wide(nll)
     variants = set(nll["variant"]) - {MASTER}
     pooled = pooled_domains(nll)
@@ -152,9 +163,44 @@ def curve_verdict(table: pd.DataFrame, tr: dict[str, Any]) -> str:
     return "does not trend there"
 
 
+def seed_table(nll: pd.DataFrame) -> pd.DataFrame:
+    """`curve_table`'s pooled rows once per training seed, for the runs and budgets every seed has (the master alone,
+    scored once, is every seed's baseline). Empty with fewer than two seeds."""
+    if "seed" not in nll or nll["seed"].nunique() < 2:
+        return pd.DataFrame(columns=["variant", "budget", "domain", "against", "n", "docs", "delta", "lo", "hi", "seed"])
+    runs = nll[nll["variant"] != MASTER]
+    seeds = sorted(runs["seed"].unique())
+    shared = set.intersection(*(set(map(tuple, g[["variant", "budget"]].drop_duplicates().to_numpy()))
+                                for _, g in runs.groupby("seed")))
+    keep = runs[[(v, b) in shared for v, b in zip(runs["variant"], runs["budget"])]]
+    master = nll[nll["variant"] == MASTER]
+    parts = [curve_table(pd.concat([master, keep[keep["seed"] == s]]).assign(seed=s)).assign(seed=s) for s in seeds]
+    out = pd.concat(parts, ignore_index=True)
+    return out[out["domain"] == "pooled"].reset_index(drop=True)
+
+
+def _beats_in_every_seed(seeds: pd.DataFrame, variant: str) -> bool:
+    """At some budget every seed's fuser lies below the constant and both of its own controls (CI highs < 0)."""
+    rows = seeds[seeds["variant"] == variant]
+    if rows.empty:
+        return True  # no further seed ran this fuser: nothing to contradict the first
+    hi = rows.pivot_table(index=["seed", "budget"], columns="against", values="hi")
+    if not {CONSTANT, "shuffled", OTHER} <= set(hi):
+        return False
+    beats = ((hi[CONSTANT] < 0) & (hi["shuffled"] < 0) & (hi[OTHER] < 0)).groupby(level="budget").all()
+    return bool(beats.any())
+
+
 def verdicts(nll: pd.DataFrame, table: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Each fuser's trend against the constant control, with its verdict."""
+    """Each fuser's trend against the constant control, with its verdict. A fuser whose first seed beats the
+    constant control, but not in every further seed at one shared budget, is inconclusive (a seed's luck)."""
     table = curve_table(nll) if table is None else table
-    fusers = sorted({v for v in nll["variant"] if v.startswith("fuser") and OTHER not in v})
-    rows = [trend(nll, v) for v in fusers]
-    return pd.DataFrame([{**r, "verdict": curve_verdict(table, r)} for r in rows])
+    seeds = seed_table(nll)
+    fusers = sorted({v for v in first_seed(nll)["variant"] if v.startswith("fuser") and OTHER not in v})
+    out = []
+    for r in (trend(nll, v) for v in fusers):
+        v = curve_verdict(table, r)
+        if v == "beats the constant control" and not seeds.empty and not _beats_in_every_seed(seeds, r["variant"]):
+            v = "inconclusive"
+        out.append({**r, "verdict": v})
+    return pd.DataFrame(out)

@@ -1,8 +1,8 @@
 """Notebook 07's learning curve: does a slave-fed fuser approach the learned constant control as the budget grows?
 
 One pair (Gemma 270M -> Qwen 0.5B, same-text blend: the pair whose fuser beat its shuffled control), the fuser at two
-capacities and its controls, each *one resumable run* whose token budget grows (default 5K -> 10K -> 20K on a 40K-token
-training set; full: 5K ... 160K, one epoch at the end). The learning rate has no decay tied to the budget (warm-up, then constant), so the state after 10K
+capacities and its controls, each *one resumable run* whose token budget grows (default 5K -> 10K -> 20K -> 40K on a
+40K-token training set, one epoch at the end; full: 5K ... 160K on 160K tokens). The learning rate has no decay tied to the budget (warm-up, then constant), so the state after 10K
 tokens of a 40K run is the state a 10K run ends in: one run per variant gives every budget's point.
 
     fuser rW        the slave's K/V through lstsq + a rank-W residual, *plus* a slave-free table (`constant_term`):
@@ -71,6 +71,16 @@ class CurvePlan:
     weight_decay: float = 0.01
     committed: bool = True
     """Keep the scored cells under data/results (committed) rather than the cache."""
+    seeds: tuple[int, ...] = (0,)
+    """Training seeds (initialisation noise, data order). The curve is the first seed's runs; each further seed
+    repeats the smallest fuser and both of its trained controls (constant, shuffled) up to `seed_budget`, so the
+    comparisons the verdict reads come with their seed-to-seed spread (`nb07_curve_stats.seed_table`)."""
+    seed_budget: int | None = None
+    """The largest budget the further seeds train to (None: every budget)."""
+    wide_budget: int | None = None
+    """The largest budget the fusers wider than the smallest (and their shuffled controls) train to (None: every
+    budget). A CPU-time cut, stated in the plan: the default's rank-32 runs stopped improving on validation after
+    5K tokens (best step 20 at 10K and 20K), so a 40K run would cost twice the 20K one to keep the same state."""
 
     def __post_init__(self) -> None:
         if not self.budgets or list(self.budgets) != sorted(set(self.budgets)) or self.budgets[0] < 1:
@@ -81,6 +91,13 @@ class CurvePlan:
         if self.train_tokens is not None and (not isinstance(self.train_tokens, int) or self.train_tokens < 1):
             raise FusionLabError(f"CurvePlan train_tokens={self.train_tokens!r}: give a positive int (or None: the "
                                  "largest budget).")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds) or any(
+                not isinstance(x, int) or isinstance(x, bool) or x < 0 for x in self.seeds):
+            raise FusionLabError(f"CurvePlan seeds={self.seeds!r}: give distinct non-negative int seeds, e.g. (0, 1, 2).")
+        for name in ("seed_budget", "wide_budget"):
+            if getattr(self, name) is not None and getattr(self, name) not in self.budgets:
+                raise FusionLabError(f"CurvePlan {name}={getattr(self, name)!r}: give one of the budgets "
+                                     f"{self.budgets} (or None: every budget).")
         bad = [c for c in self.controls if c not in ("constant", "shuffled")]
         if bad:
             raise FusionLabError(f"CurvePlan controls={self.controls!r}: {bad} unknown; use 'constant', 'shuffled'.")
@@ -89,9 +106,10 @@ class CurvePlan:
 def curve_plan(size: str) -> CurvePlan:
     if size == "quick":
         return CurvePlan("gemma3-270m", (128, 256), (4,), tokens=64, eval_per_domain=2, val_per_domain=1, per_doc=1,
-                         eval_every=1, table=8, committed=False)
+                         eval_every=1, table=8, committed=False, seeds=(0, 1), seed_budget=128)
     if size == "default":
-        return CurvePlan("gemma3-270m", (5_000, 10_000, 20_000), (4, 32), train_tokens=40_000)
+        return CurvePlan("gemma3-270m", (5_000, 10_000, 20_000, 40_000), (4, 32), train_tokens=40_000,
+                         seeds=(0, 1, 2), seed_budget=10_000, wide_budget=20_000)
     if size == "full":
         return CurvePlan("gemma3-270m", (5_000, 10_000, 20_000, 40_000, 80_000, 160_000), (4, 32))
     raise FusionLabError(f"unknown run size {size!r}: use 'quick', 'default' or 'full'.")
@@ -117,9 +135,24 @@ def variants(p: CurvePlan, base: LstsqProjector) -> dict[str, FuserConfig]:
     return out
 
 
-def train_config(p: CurvePlan, budget: int) -> TrainConfig:
+def seed_variants(p: CurvePlan, base: LstsqProjector) -> dict[str, FuserConfig]:
+    """The runs each further seed repeats: the smallest fuser and its constant and shuffled controls."""
+    w = min(p.widths)
+    return {k: v for k, v in variants(p, base).items() if k in (f"fuser r{w}", "constant", f"shuffled r{w}")}
+
+
+def run_budgets(p: CurvePlan, cfg: FuserConfig, seed: int) -> list[int]:
+    """The budgets one run (variant, seed) grows through: every budget for the first seed's smallest fuser and the
+    constant control, up to `wide_budget` for the wider fusers and their shuffled controls, up to `seed_budget` for
+    a further seed."""
+    wide = cfg.input != "constant" and cfg.width != min(p.widths)
+    cap = p.seed_budget if seed != p.seeds[0] else p.wide_budget if wide else None
+    return [b for b in p.budgets if cap is None or b <= cap]
+
+
+def train_config(p: CurvePlan, budget: int, seed: int = 0) -> TrainConfig:
     return TrainConfig(task="same", lr=p.lr, weight_decay=p.weight_decay, max_tokens=budget, threads=2,
-                       eval_every=p.eval_every)
+                       eval_every=p.eval_every, seed=seed)
 
 
 def splits(tokenizer: Any, docs: list[corpora.Doc], p: CurvePlan) -> dict[str, list[TrainChunk]]:
@@ -157,24 +190,27 @@ def measure(master: LM, slave: LM, proj: LstsqProjector, p: CurvePlan, docs: lis
     held_id = _digest([c.text for c in held])
     store = CellCache(cache or (data_dir() / "results" if p.committed else cache_dir()) /
                       f"07_learning_curve.{_digest(fixed, held_id)}.jsonl")
-    cells = [Cell(cell_key("curve", fixed, held_id, "master"), {"variant": MASTER, "budget": 0})]
-    for label, cfg in runs.items():
-        for b in p.budgets:
-            key = cell_key("curve", fixed, held_id, asdict(cfg), asdict(train_config(p, b)))
-            cells.append(Cell(key, {"variant": label, "budget": b}, (label, cfg, b, False)))
-            kept = key in store and store[key].get("nll_other")  # scored inside the fuser's cell by earlier runs
-            if label.startswith("fuser") and not kept:  # the same trained fuser reading another document
-                cells.append(Cell(cell_key("curve other document", key), {"variant": f"{label}, {OTHER}",
-                                                                          "budget": b}, (label, cfg, b, True)))
+    cells = [Cell(cell_key("curve", fixed, held_id, "master"), {"variant": MASTER, "budget": 0, "seed": 0})]
+    for seed in p.seeds:
+        first = seed == p.seeds[0]
+        for label, cfg in (runs if first else seed_variants(p, proj)).items():
+            for b in run_budgets(p, cfg, seed):
+                key = cell_key("curve", fixed, held_id, asdict(cfg), asdict(train_config(p, b, seed)))
+                cells.append(Cell(key, {"variant": label, "budget": b, "seed": seed}, (label, cfg, b, False, seed)))
+                kept = key in store and store[key].get("nll_other")  # scored inside the fuser's cell by earlier runs
+                if label.startswith("fuser") and not kept:  # the same trained fuser reading another document
+                    cells.append(Cell(cell_key("curve other document", key),
+                                      {"variant": f"{label}, {OTHER}", "budget": b, "seed": seed},
+                                      (label, cfg, b, True, seed)))
 
     def compute(_: Any, c: Cell) -> dict[str, Any]:
         if c.item is None:
             return {"nll": fz.chunk_nll(master, fz.Evaluated(MASTER, None), held, "same")}
-        label, cfg, b, other = c.item
+        label, cfg, b, other, seed = c.item
         ck = cache_dir() / "curves" / f"{master.name}__{slave.name}__{label.replace(' ', '_')}." \
-                                      f"{_digest(fixed, asdict(cfg), asdict(train_config(p, 1)))}.ckpt"
+                                      f"{_digest(fixed, asdict(cfg), asdict(train_config(p, 1, seed)))}.ckpt"
         _rewind_if_past(ck, b)
-        r = train_fuser(master, slave, data["train"], cfg, train_config(p, b), projector=proj, checkpoint=ck,
+        r = train_fuser(master, slave, data["train"], cfg, train_config(p, b, seed), projector=proj, checkpoint=ck,
                         validation=data["validation"])
         m = r.manifest
         reads = fz.Evaluated(label, r.fuser, slave, reads="shuffled" if other else "matched")
@@ -182,17 +218,17 @@ def measure(master: LM, slave: LM, proj: LstsqProjector, p: CurvePlan, docs: lis
                 "best_step": m.get("best_step"), "val_gain": m.get("best_val_gain"), "seconds": m["seconds"],
                 "params": r.fuser.param_count()}
 
-    # one run per variant grows through the budgets from one checkpoint: its cells (and its other-document readings)
-    # form a chain, computed in order by one worker
+    # one run per (variant, seed) grows through the budgets from one checkpoint: its cells (and its other-document
+    # readings) form a chain, computed in order by one worker
     recs = run_cells(store, cells, nullcontext, compute, desc="learning curve",
-                     chain=lambda c: c.item[0] if c.item else MASTER)
+                     chain=lambda c: (c.item[0], c.item[4]) if c.item else MASTER)
     rows = []
     for rec in recs:
         # (earlier runs of the largest fuser kept its other-document reading inside the fuser's own cell)
         for name, key in ((rec["variant"], "nll"), (f"{rec['variant']}, {OTHER}", "nll_other")):
             for k, (ch, v) in enumerate(zip(held, rec.get(key) or [])):
-                rows.append({"variant": name, "budget": rec["budget"], "domain": ch.doc.split("/")[0],
-                             "doc": ch.doc, "chunk": k, "nll": v,
+                rows.append({"variant": name, "budget": rec["budget"], "seed": rec["seed"],
+                             "domain": ch.doc.split("/")[0], "doc": ch.doc, "chunk": k, "nll": v,
                              **{f: rec.get(f) for f in ("tokens", "best_step", "val_gain", "params", "seconds")}})
     return pd.DataFrame(rows)
 
@@ -206,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     p = curve_plan(args.size)
     master, slave = load("qwen2.5-coder-0.5b-instruct"), load(p.slave)
     nll = measure(master, slave, fit_lstsq(master, slave), p, corpora.documents())
-    print(nll.groupby(["variant", "budget"])["nll"].mean().round(4).to_string())
+    print(nll.groupby(["variant", "seed", "budget"])["nll"].mean().round(4).to_string())
     return 0
 
 

@@ -1,5 +1,6 @@
 """The README's learning-curve block (notebook 07): pooled held-out NLL change per run and budget, each fuser's trend
-against the constant control, the verdicts from `nb07_curve_stats.curve_verdict` on the same saved rows."""
+against the constant control, the verdicts from `nb07_curve_stats.curve_verdict` on the same saved rows, and the
+comparisons once per training seed."""
 from __future__ import annotations
 
 import math
@@ -27,6 +28,26 @@ def _tokens(b: float) -> str:
     return "never" if not math.isfinite(b) else f"{b / 1000:,.0f}K"
 
 
+def seeds_markdown(folder: Path | None = None) -> str:
+    """Each comparison once per training seed (`nb07_curve_stats.seed_table`), for the runs every seed repeated."""
+    got = best_table("07_learning_curve_seeds", folder)
+    if got is None or got[0].empty:
+        return ""
+    table, size = got
+    seeds = sorted(table["seed"].unique())
+    head = "| run | tokens | against | " + " | ".join(f"seed {s}" for s in seeds) + " |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for (v, b, a), rows in table.groupby(["variant", "budget", "against"], sort=True):
+        if v.endswith("other document"):
+            continue
+        by_seed = rows.set_index("seed")
+        cells = [_ci(by_seed.loc[[s]], a) if s in by_seed.index else "-" for s in seeds]
+        lines.append(f"| {v} | {_tokens(b)} | {a} | " + " | ".join(cells) + " |")
+    return ("\n\nThe same comparisons once per training seed (initialisation and data order), for the runs every seed "
+            f"repeated, from `data/results/07_learning_curve_seeds.{size}.csv`; a gain counts only if it holds in "
+            "each seed:\n\n" + "\n".join(lines))
+
+
 def learning_curve_markdown(folder: Path | None = None) -> str:
     got, trend = best_table("07_learning_curve", folder), best_table("07_learning_curve_trend", folder)
     if got is None or trend is None:
@@ -51,4 +72,4 @@ def learning_curve_markdown(folder: Path | None = None) -> str:
     return "\n".join(lines) + (
         f"\n\nfrom `data/results/07_learning_curve.{size}.csv`: held-out NLL change (nats/token, below 0 = better), "
         f"{n} chunks from {docs} documents pooled (domains with enough held-out files), 95 % CIs resampling "
-        "documents; each run is best-by-validation at its budget. " + " ".join(trends))
+        "documents; each run is best-by-validation at its budget. " + " ".join(trends)) + seeds_markdown(folder)

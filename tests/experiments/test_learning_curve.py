@@ -23,7 +23,7 @@ def frame(gap, budgets=BUDGETS, docs=6, noise=0.01, seed=0, moved=True) -> pd.Da
         for d in range(docs):
             for c in range(2):
                 base = 2.0 + 0.3 * rng.standard_normal()
-                doc, k = f"{dom}/{d}.txt", len(rows)
+                doc, k = f"{dom}/{d}.txt", ((dom == "english") * docs + d) * 2 + c  # the same chunk in every frame
                 rows.append({"variant": cs.MASTER, "budget": 0, "domain": dom, "doc": doc, "chunk": k, "nll": base})
                 for b in budgets:
                     const = base - (0.15 if moved else 0.0)
@@ -92,8 +92,37 @@ def test_thin_domains_are_reported_but_not_pooled():
     assert set(t["against"]) == {"master alone", "constant", "shuffled", "other document"}
 
 
+def with_seed(nll: pd.DataFrame, seed: int, gap, budgets=(10_000,)) -> pd.DataFrame:
+    """`nll` plus a further seed's runs at `budgets` (their own draws), the fuser `gap` above the constant there."""
+    extra = frame(gap, budgets=budgets, seed=seed + 10)
+    extra = extra[extra["variant"] != cs.MASTER].assign(seed=seed)
+    return pd.concat([nll if "seed" in nll else nll.assign(seed=0), extra], ignore_index=True)
+
+
+def test_a_gain_must_hold_in_every_seed():
+    beats = frame(lambda b: -0.1)
+    assert verdict(with_seed(beats, 1, lambda b: -0.1)) == "beats the constant control"
+    assert verdict(with_seed(beats, 1, lambda b: +0.05)) == "inconclusive"  # one seed's luck
+    two = with_seed(with_seed(beats, 1, lambda b: -0.1), 2, lambda b: 0.0)
+    assert verdict(two) == "inconclusive"
+
+
+def test_further_seeds_stay_out_of_the_curve_and_fill_the_seed_table():
+    nll = frame(lambda b: 0.05)
+    seeded = with_seed(nll, 1, lambda b: -0.3, budgets=(10_000, 20_000))
+    pd.testing.assert_frame_equal(cs.curve_table(seeded), cs.curve_table(nll))  # the curve is the first seed's
+    pd.testing.assert_frame_equal(cs.verdicts(seeded)[["slope", "verdict"]], cs.verdicts(nll)[["slope", "verdict"]])
+    t = cs.seed_table(seeded)
+    assert set(t["seed"]) == {0, 1} and set(t["budget"]) == {10_000, 20_000} and set(t["domain"]) == {"pooled"}
+    by_seed = t[(t["variant"] == "fuser r32") & (t["against"] == "constant")].groupby("seed")["delta"].mean()
+    assert by_seed[0] == pytest.approx(0.05, abs=0.01) and by_seed[1] == pytest.approx(-0.3, abs=0.01)
+    assert cs.seed_table(nll).empty and cs.seed_table(nll.assign(seed=0)).empty  # one seed: no spread to show
+
+
 @pytest.mark.parametrize("kw", [{"budgets": (20_000, 10_000)}, {"budgets": ()}, {"budgets": (0, 5)},
-                                {"widths": (0,)}, {"widths": ()}, {"controls": ("noise",)}])
+                                {"widths": (0,)}, {"widths": ()}, {"controls": ("noise",)}, {"seeds": ()},
+                                {"seeds": (0, 0)}, {"seeds": (-1,)}, {"seeds": (0.5,)}, {"seed_budget": 15_000},
+                                {"wide_budget": 5}])
 def test_bad_plans_are_refused(kw):
     args = {"slave": "gemma3-270m", "budgets": BUDGETS, "widths": (4, 32), **kw}
     with pytest.raises(fl.FusionLabError, match="CurvePlan"):
@@ -113,6 +142,11 @@ def test_the_curve_trains_once_per_variant_and_rereads(tiny, monkeypatch, tmp_pa
     grown = nll[nll["variant"] == "fuser r4"].groupby("budget")["tokens"].first()
     assert grown.is_monotonic_increasing and grown.iloc[-1] >= p.budgets[-1]
     assert nll.groupby(["variant", "budget"])["doc"].nunique().min() >= 2
+    again_seed = nll[nll["seed"] == 1]  # the further seed repeats the fuser and its two controls up to seed_budget
+    assert set(again_seed["variant"]) == {"fuser r4", "fuser r4, other document", "constant", "shuffled r4"}
+    assert set(again_seed["budget"]) == {p.seed_budget}
+    first = nll[(nll["seed"] == 0) & (nll["budget"] == p.seed_budget) & (nll["variant"] == "fuser r4")]
+    assert not np.allclose(first["nll"], again_seed[again_seed["variant"] == "fuser r4"]["nll"])  # another run
 
     monkeypatch.setattr(lc, "train_fuser", lambda *a, **k: pytest.fail("a scored cell was trained again"))
     again = lc.measure(m, s, proj, p, docs)
@@ -128,6 +162,19 @@ def test_the_cheapest_complete_comparison_trains_first(tiny):
     big = LearnedFuser(proj, runs["fuser r32"])
     assert runs["constant"].table == match_table(big.param_count(), len(big.layers), big.heads, big.head_dim)
     assert all(runs[v].constant_term for v in runs if v != "constant")  # every slave-fed run has its own table
+
+
+def test_each_run_grows_through_its_own_budgets(tiny):
+    m, s = tiny("tiny-qwen2"), tiny("tiny-llama")
+    proj = fl.fit_lstsq(m, s, texts=["def f(x):\n    return x + 1\n" * 20], holdout_every=0)
+    p = lc.CurvePlan("tiny", (100, 200, 400), (4, 32), seeds=(0, 1), seed_budget=200, wide_budget=100)
+    runs = lc.variants(p, proj)
+    got = {v: lc.run_budgets(p, cfg, 0) for v, cfg in runs.items()}
+    assert got == {"fuser r4": [100, 200, 400], "constant": [100, 200, 400], "shuffled r4": [100, 200, 400],
+                   "fuser r32": [100], "shuffled r32": [100]}
+    assert list(lc.seed_variants(p, proj)) == ["fuser r4", "constant", "shuffled r4"]
+    assert all(lc.run_budgets(p, cfg, 1) == [100, 200] for cfg in lc.seed_variants(p, proj).values())
+    assert lc.train_config(p, 100, 1).seed == 1 and lc.train_config(p, 100).seed == 0
 
 
 def test_a_checkpoint_past_the_budget_restarts_the_run(tmp_path):

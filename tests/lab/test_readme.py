@@ -256,3 +256,11 @@ def test_learning_curve_block_from_saved_tables(tmp_path):
     text = learning_curve_markdown(tmp_path)
     assert "| fuser r32 | 40K | " in text and "| constant | 10K | " in text
     assert "**trends toward the constant control**" in text and "07_learning_curve.default.csv" in text
+    assert "per training seed" not in text  # one seed: no seed table
+    again = nll[nll["variant"] != cs.MASTER].assign(seed=1, nll=lambda f: f["nll"] + 0.5 * (f["variant"] == "fuser r32"))
+    cs.seed_table(pd.concat([nll.assign(seed=0), again])).to_csv(tmp_path / "07_learning_curve_seeds.default.csv",
+                                                                 index=False)
+    lines = learning_curve_markdown(tmp_path).splitlines()
+    assert "| run | tokens | against | seed 0 | seed 1 |" in lines
+    row = next(x for x in lines if x.startswith("| fuser r32 | 10K | constant |"))
+    assert row.split(" | ")[3].startswith("+0.2") and row.split(" | ")[4].startswith("+0.7")  # each seed its own
