@@ -109,7 +109,7 @@ def curve_plan(size: str) -> CurvePlan:
                          eval_every=1, table=8, committed=False, seeds=(0, 1), seed_budget=128)
     if size == "default":
         return CurvePlan("gemma3-270m", (5_000, 10_000, 20_000, 40_000), (4, 32), train_tokens=40_000,
-                         seeds=(0, 1, 2), seed_budget=10_000, wide_budget=20_000)
+                         seeds=(0, 1, 2), seed_budget=5_000, wide_budget=20_000)
     if size == "full":
         return CurvePlan("gemma3-270m", (5_000, 10_000, 20_000, 40_000, 80_000, 160_000), (4, 32))
     raise FusionLabError(f"unknown run size {size!r}: use 'quick', 'default' or 'full'.")
@@ -173,8 +173,14 @@ def _digest(*parts: Any) -> str:
 
 def _rewind_if_past(ckpt: Path, budget: int) -> None:
     """A run cannot go back: a checkpoint past `budget` (its earlier point's cell was lost) restarts the run from
-    the beginning, which replays the same states (seeded order, fixed threads)."""
-    if ckpt.exists() and torch.load(ckpt, weights_only=False).get("tokens", 0) > budget:
+    the beginning, which replays the same states (seeded order, fixed threads). A checkpoint *at* the budget, the
+    step that crossed it (a run overshoots by up to one chunk), is where a run to `budget` ends: kept, so the
+    fuser's other-document reading resumes there instead of training again."""
+    if not ckpt.exists():
+        return
+    tokens = [r["tokens"] for r in torch.load(ckpt, weights_only=False).get("rows", [])]
+    crossed = [k for k, t in enumerate(tokens) if t >= budget]  # the run to `budget` stops at the first of these
+    if crossed and crossed[0] < len(tokens) - 1:
         ckpt.unlink()
 
 

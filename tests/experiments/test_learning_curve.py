@@ -2,6 +2,8 @@
 cell cache without training; its trend and verdict rules on hand-made frames, degenerate ones included."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -134,7 +136,14 @@ def test_the_curve_trains_once_per_variant_and_rereads(tiny, monkeypatch, tmp_pa
     m, s = tiny("tiny-qwen2"), tiny("tiny-llama")
     docs = corpora.code_docs()[:12] + corpora.english_docs()
     proj = fl.fit_lstsq(m, s, texts=[d.text[:2000] for d in docs[:4]], holdout_every=0)
-    p = lc.curve_plan("quick")
+    # budgets that a 64-token chunk does not divide: each run overshoots its budget, as the real ones do
+    p = dataclasses.replace(lc.curve_plan("quick"), budgets=(100, 200), seed_budget=100)
+    fresh, real = [], lc.train_fuser
+
+    def spy(*a, checkpoint, **k):
+        fresh.append(not checkpoint.exists())
+        return real(*a, checkpoint=checkpoint, **k)
+    monkeypatch.setattr(lc, "train_fuser", spy)
     nll = lc.measure(m, s, proj, p, docs)
     assert set(nll["variant"]) == {"master alone", "fuser r4", "fuser r4, other document", "constant", "shuffled r4"}
     assert len(nll[nll["variant"] == "fuser r4, other document"]) == len(nll[nll["variant"] == "fuser r4"])
@@ -148,6 +157,7 @@ def test_the_curve_trains_once_per_variant_and_rereads(tiny, monkeypatch, tmp_pa
     first = nll[(nll["seed"] == 0) & (nll["budget"] == p.seed_budget) & (nll["variant"] == "fuser r4")]
     assert not np.allclose(first["nll"], again_seed[again_seed["variant"] == "fuser r4"]["nll"])  # another run
 
+    assert sum(fresh) == 6  # one start per run (3 variants x 2 seeds): readings and later budgets resume it
     monkeypatch.setattr(lc, "train_fuser", lambda *a, **k: pytest.fail("a scored cell was trained again"))
     again = lc.measure(m, s, proj, p, docs)
     pd.testing.assert_frame_equal(again, nll)
@@ -179,11 +189,13 @@ def test_each_run_grows_through_its_own_budgets(tiny):
 
 def test_a_checkpoint_past_the_budget_restarts_the_run(tmp_path):
     ck = tmp_path / "run.ckpt"
-    torch.save({"tokens": 20_000}, ck)
+    torch.save({"tokens": 20_224, "rows": [{"tokens": 256 * k} for k in range(1, 80)]}, ck)  # 79 steps: 20,224
     lc._rewind_if_past(ck, 30_000)
-    assert ck.exists()
+    assert ck.exists()  # short of the budget: the run goes on from here
+    lc._rewind_if_past(ck, 20_000)
+    assert ck.exists()  # the step that crossed 20,000 is where a 20K run ends: its other cells resume here
     lc._rewind_if_past(ck, 10_000)
-    assert not ck.exists()
+    assert not ck.exists()  # a 10K run stopped 39 steps earlier
 
 
 @pytest.mark.parametrize("docs", [6, 2])
