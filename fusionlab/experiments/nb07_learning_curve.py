@@ -109,7 +109,7 @@ def curve_plan(size: str) -> CurvePlan:
                          eval_every=1, table=8, committed=False, seeds=(0, 1), seed_budget=128)
     if size == "default":
         return CurvePlan("gemma3-270m", (5_000, 10_000, 20_000, 40_000), (4, 32), train_tokens=40_000,
-                         seeds=(0, 1, 2), seed_budget=5_000, wide_budget=20_000)
+                         seeds=(0, 1), seed_budget=5_000, wide_budget=20_000)
     if size == "full":
         return CurvePlan("gemma3-270m", (5_000, 10_000, 20_000, 40_000, 80_000, 160_000), (4, 32))
     raise FusionLabError(f"unknown run size {size!r}: use 'quick', 'default' or 'full'.")
