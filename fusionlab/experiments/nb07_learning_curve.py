@@ -197,9 +197,9 @@ def measure(master: LM, slave: LM, proj: LstsqProjector, p: CurvePlan, docs: lis
     store = CellCache(cache or (data_dir() / "results" if p.committed else cache_dir()) /
                       f"07_learning_curve.{_digest(fixed, held_id)}.jsonl")
     cells = [Cell(cell_key("curve", fixed, held_id, "master"), {"variant": MASTER, "budget": 0, "seed": 0})]
+    repeated = seed_variants(p, proj)
     for seed in p.seeds:
-        first = seed == p.seeds[0]
-        for label, cfg in (runs if first else seed_variants(p, proj)).items():
+        for label, cfg in (runs if seed == p.seeds[0] else repeated).items():
             for b in run_budgets(p, cfg, seed):
                 key = cell_key("curve", fixed, held_id, asdict(cfg), asdict(train_config(p, b, seed)))
                 cells.append(Cell(key, {"variant": label, "budget": b, "seed": seed}, (label, cfg, b, False, seed)))
