@@ -90,6 +90,26 @@ def test_seats_are_reused_and_padding_is_compacted(tiny):
         assert st.joins >= 2 and 0 < st.occupancy <= 1 and st.busy_seats <= st.decode_steps * 3
 
 
+def test_joining_prompts_are_prefilled_alone_never_padded_to_a_longer_one(tiny, monkeypatch):
+    """A group padded to its longest prompt does the padding's matmuls too (1.7x the real prefill tokens on
+    HumanEval's first 24): every prefill the scheduler runs holds one prompt, whatever the seats free at once."""
+    m = tiny("tiny-qwen2")
+    with fl.fuse(m, []) as f:
+        widths = []
+        real = f.prefill
+
+        def spy(prompt, *a, **kw):
+            seq, ids, lg = real(prompt, *a, **kw)
+            widths.append(tuple(ids.shape))
+            return seq, ids, lg
+        monkeypatch.setattr(f, "prefill", spy)
+        out = ContinuousBatcher(f, batch_size=4).generate(PROMPTS, max_new_tokens=3)
+        assert len(widths) == len(PROMPTS) and all(b == 1 for b, _ in widths)
+        assert sorted(w for _, w in widths) == sorted(m.encode(p).shape[1] for p in PROMPTS)
+        monkeypatch.undo()
+        assert out == [f.generate(p, max_new_tokens=3) for p in PROMPTS]
+
+
 def test_token_id_prompts_give_ids_like_generate(tiny):
     m = tiny("tiny-phi3")
     with fl.fuse(m, [fl.Slave(tiny("tiny-phi3", fresh=True), mode="blend", gate=0.5)]) as f:
