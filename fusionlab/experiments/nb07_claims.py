@@ -62,7 +62,7 @@ def information_claim(table: pd.DataFrame) -> Claim:
                  measured="; ".join(parts) + " (held-out NLL, nats/token)",
                  n=f"n={int(table['n'].min()) if len(table) else 0} held-out chunks (code, English, Chinese)",
                  setup="Qwen 0.5B master; SmolLM2 / Gemma 270M slaves; blend fusers (lstsq warm start + rank-32 "
-                       "residual), trained on this CPU",
+                       "residual + a slave-free table, so the constant control isolates the slave), trained on this CPU",
                  verdict=verdict, claim_id="X02", notebook=NB)
 
 

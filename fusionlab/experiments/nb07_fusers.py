@@ -85,8 +85,14 @@ def fuser_dir(committed: bool) -> Path:
     return data_dir() / "fusers" if committed else cache_dir() / "fusers"
 
 
+SLAVE_FREE_TABLE = 64
+"""Positions of a same-text fuser's own slave-free table (`FuserConfig.constant_term`), as in the learning curve."""
+
+
 def config_for(variant: str, task: str, base: LearnedFuser | None, width: int) -> FuserConfig:
-    """Same-text fusers blend (a zero-initialised residual: they start as the master). Offload fusers concat with the
+    """Same-text fusers blend (a zero-initialised residual: they start as the master) and carry a slave-free table
+    (`constant_term`), so that one against the constant control (matched to the fuser's whole parameter count, table
+    included) isolates what the slave adds, not what any adapter buys. Offload fusers concat with the
     recipe notebook 10's positive control showed can open (`FuserConfig.opening='log'`): they start at the lstsq
     channel at full gate, keys as projected, and gate and key scale both learn from step one; validation keeps the
     best state, so a start worse than the master is never what is kept unless nothing beats it."""
@@ -99,7 +105,8 @@ def config_for(variant: str, task: str, base: LearnedFuser | None, width: int) -
     if task == "offload":
         return FuserConfig(mode=mode, kind="linear", width=width, input=variant, opening="log", log_gate=0.0,
                            calibrate_keys=False)
-    return FuserConfig(mode=mode, kind="linear", width=width, input=variant)
+    return FuserConfig(mode=mode, kind="linear", width=width, input=variant, constant_term=True,
+                       table=SLAVE_FREE_TABLE)
 
 
 def name_of(master: LM, slave: LM, task: str, cfg: FuserConfig, budget: int) -> str:

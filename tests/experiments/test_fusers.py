@@ -108,6 +108,23 @@ def test_a_fuser_is_reloaded_only_for_its_exact_recipe_and_budget(tiny, monkeypa
     assert not (tmp_path / "data" / "fusers" / f"{fusers.name_of(m, s, 'same', cfg, 96)}.safetensors").exists()
 
 
+def test_same_text_fusers_carry_a_slave_free_term_the_constant_control_matches(tiny):
+    """The main table's fuser vs constant isolates the slave only if the fuser can learn the constant's adapter too,
+    and the constant is matched to the fuser's whole parameter count, its table included."""
+    m, s = tiny("tiny-qwen2"), tiny("tiny-llama")
+    proj = fl.fit_lstsq(m, s, texts=TEXTS, holdout_every=0)
+    for v in ("slave", "shuffled", "noise"):
+        cfg = fusers.config_for(v, "same", None, 4)
+        assert cfg.constant_term and cfg.table == fusers.SLAVE_FREE_TABLE and cfg.input == v
+    f = LearnedFuser(proj, fusers.config_for("slave", "same", None, 4))
+    without = LearnedFuser(proj, FuserConfig(mode="blend", width=4, input="slave"))
+    const = fusers.config_for("constant", "same", f, 4)
+    assert const.table > fusers.config_for("constant", "same", without, 4).table
+    one_position = len(f.layers) * 2 * f.heads * f.head_dim  # match_table rounds to whole positions
+    assert abs(LearnedFuser(proj, const).param_count() - f.param_count()) <= one_position
+    assert not fusers.config_for("slave", "offload", None, 4).constant_term
+
+
 def test_offload_fusers_use_the_recipe_that_opens():
     cfg = fusers.config_for("slave", "offload", None, 32)
     assert (cfg.mode, cfg.opening, cfg.log_gate, cfg.calibrate_keys) == ("concat", "log", 0.0, False)
