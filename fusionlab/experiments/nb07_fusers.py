@@ -86,7 +86,8 @@ def fuser_dir(committed: bool) -> Path:
 
 
 SLAVE_FREE_TABLE = 64
-"""Positions of a same-text fuser's own slave-free table (`FuserConfig.constant_term`), as in the learning curve."""
+"""Positions of a same-text fuser's own slave-free table (`FuserConfig.constant_term`), here and in the learning
+curve (the old constant controls used about 64)."""
 
 
 def config_for(variant: str, task: str, base: LearnedFuser | None, width: int) -> FuserConfig:

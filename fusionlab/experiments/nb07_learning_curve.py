@@ -60,8 +60,8 @@ class CurvePlan:
     the budgets so that a curve extended by a later sitting keeps its data, its runs and its scored cells."""
     controls: tuple[str, ...] = ("constant", "shuffled")
     tokens: int = 256
-    table: int = 64
-    """Positions of the fuser's own slave-free table (the old constant controls used about 64)."""
+    table: int = fz.SLAVE_FREE_TABLE
+    """Positions of the fuser's own slave-free table (the same as the main table's fusers)."""
     domains: tuple[str, ...] = ("code", "english")
     eval_per_domain: int = 24
     val_per_domain: int = 6
