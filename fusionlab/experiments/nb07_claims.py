@@ -39,6 +39,16 @@ def control_table(gains: pd.DataFrame, fusers: dict[str, str], controls: dict[st
     return pd.DataFrame(rows)
 
 
+def heldout_scope(table: pd.DataFrame) -> str:
+    """The n of a control table, in its own words: chunks, documents and the domains it pooled (never a fixed list,
+    which went stale when a domain was dropped for too few documents)."""
+    if not len(table):
+        return "n=0 held-out chunks"
+    docs = int(table["docs"].min()) if "docs" in table else int(table["n"].min())
+    scope = table["pooled"].iloc[0] if "pooled" in table else "all"
+    return f"n={int(table['n'].min())} held-out chunks from {docs} documents (domains pooled: {scope})"
+
+
 def information_claim(table: pd.DataFrame) -> Claim:
     """Supported iff for some slave the fuser beats the master and all three controls (n >= MIN_CHUNKS). Not
     supported iff no fuser beats the master (every CI reaches 0 or above) with n >= MIN_CHUNKS. Else inconclusive."""
@@ -60,7 +70,7 @@ def information_claim(table: pd.DataFrame) -> Claim:
                        "shuffled, noise and constant-slot controls)",
                  seed_section="2.2 / C2C", seed_value="C2C: +6-14% over the receiver",
                  measured="; ".join(parts) + " (held-out NLL, nats/token)",
-                 n=f"n={int(table['n'].min()) if len(table) else 0} held-out chunks (code, English, Chinese)",
+                 n=heldout_scope(table),
                  setup="Qwen 0.5B master; SmolLM2 / Gemma 270M slaves; blend fusers (lstsq warm start + rank-32 "
                        "residual + a slave-free table, so the constant control isolates the slave), trained on this CPU",
                  verdict=verdict, claim_id="X02", notebook=NB)

@@ -71,6 +71,13 @@ def test_information_claim_branches():
     assert fc.information_claim(table(win, n=5)).verdict == "inconclusive"
 
 
+def test_information_claim_n_names_the_pooled_domains_of_its_table():
+    t = table({"master alone": (-0.2, -0.3, -0.1)}).assign(docs=12, pooled="code, en")
+    assert fc.information_claim(t).n == "n=30 held-out chunks from 12 documents (domains pooled: code, en)"
+    assert "Chinese" not in fc.information_claim(t).n
+    assert fc.information_claim(t.iloc[:0]).n == "n=0 held-out chunks"
+
+
 def test_never_worse_target():
     t = table({"master alone": (0.01, -0.02, 0.04)})
     pairs = pd.DataFrame({"setting": ["+s (fuser)"], "p_value": [0.5], "only_baseline": [3], "only_setting": [2]})
