@@ -191,12 +191,12 @@ def test_quick_niah_grid_and_humaneval_subset_on_ray_equal_in_process(local_ray,
         there = ng.run_grid(qwen, settings, *args, cache=tmp_path / "b.jsonl", max_new_tokens=p.max_new_tokens)
     cols = ["key", "setting", "needle", "length", "depth", "answer", "label"]
     assert len(here) >= 4 and there[cols].equals(here[cols])
-    tasks = he.subset(3)
+    tasks = he.subset(2)
     build = lambda: fl.fuse(qwen, [])  # noqa: E731
-    gens_here = he.generate_all("master", "master alone", build, tasks, max_new_tokens=48,
+    gens_here = he.generate_all("master", "master alone", build, tasks, max_new_tokens=32,
                                  cache=tmp_path / "h.jsonl")
     with ray_cells.on_ray():
-        gens_there = he.generate_all("master", "master alone", build, tasks, max_new_tokens=48,
+        gens_there = he.generate_all("master", "master alone", build, tasks, max_new_tokens=32,
                                       cache=tmp_path / "r.jsonl")
     assert gens_there["completion"].tolist() == gens_here["completion"].tolist()
 

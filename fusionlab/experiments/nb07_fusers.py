@@ -70,8 +70,8 @@ class FuserPlan:
 def plan(size: str) -> FuserPlan:
     slaves = ["smollm2-135m-instruct", "gemma3-270m"]
     if size == "quick":
-        return FuserPlan(slaves[:1], ["slave", "shuffled"], False, 512, 2, 3, 2, [512], [256], tokens=128, train=True,
-                         sweep_gates=(0.3, 1.0), eval_per_doc=1)
+        return FuserPlan(slaves[:1], ["slave", "shuffled"], False, 512, 2, 2, 2, [512], [256], tokens=128, train=True,
+                         sweep_gates=(1.0,), eval_per_doc=1)
     if size == "default":
         return FuserPlan(slaves, list(VARIANTS), True, 8_000, 12, 16, 8, [1024], [256, 1024], train=True,
                          eval_every=8, patience=4)

@@ -105,8 +105,8 @@ class CurvePlan:
 
 def curve_plan(size: str) -> CurvePlan:
     if size == "quick":
-        return CurvePlan("gemma3-270m", (128, 256), (4,), tokens=64, eval_per_domain=2, val_per_domain=1, per_doc=1,
-                         eval_every=1, table=8, committed=False, seeds=(0, 1), seed_budget=128)
+        return CurvePlan("gemma3-270m", (64, 128), (4,), tokens=64, eval_per_domain=2, val_per_domain=1, per_doc=1,
+                         eval_every=1, table=8, committed=False, seeds=(0, 1), seed_budget=64)
     if size == "default":
         return CurvePlan("gemma3-270m", (5_000, 10_000, 20_000, 40_000), (4, 32), train_tokens=40_000,
                          seeds=(0, 1), seed_budget=5_000, wide_budget=20_000)

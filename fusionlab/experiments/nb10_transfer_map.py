@@ -68,7 +68,7 @@ class Plan:
 
 def plan(size: str) -> Plan:
     if size == "quick":
-        return Plan(["noise:0", "noise:0.1", "finetune:code:1"], [], 3, 64, 32, 2, lstsq=False, relay_tokens=12,
+        return Plan(["noise:0", "noise:0.1", "finetune:code:1"], [], 2, 64, 32, 2, lstsq=False, relay_tokens=12,
                     kvcomm=False)
     if size == "default":
         return Plan(list(LADDER), ["smollm2-135m-instruct", "gemma3-270m"], 10, 192, 64, 8)
