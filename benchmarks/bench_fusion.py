@@ -26,6 +26,7 @@ from transformers import DynamicCache
 import fusionlab as fl
 from fusionlab.engine.fit import calibration_paragraphs
 from fusionlab.engine.kv_capture import capture_kv
+from fusionlab.files import atomic_write_text
 from fusionlab.experiments.nb00_ttft import measure
 from fusionlab.lab.readme import BENCH_PARTS
 
@@ -111,11 +112,6 @@ def summarise_batches(res: dict) -> None:
         res["batch8_over_batch1"] = batches["8"]["fused_tok_s"] / batches["1"]["fused_tok_s"]
 
 
-def save(out: Path, res: dict) -> None:
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(res, indent=2))
-
-
 @torch.inference_mode()
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -174,11 +170,11 @@ def main() -> None:
                     print(f"run {run + 1}, batch {b}: {r}", flush=True)
                 res["batch_decode_runs"].append(batches)
                 summarise_batches(res)
-                save(out, res)  # a benchmark stopped in a later run keeps the runs it finished
+                atomic_write_text(out, json.dumps(res, indent=2))  # a benchmark stopped later keeps these runs
     if "ttft" in args.parts:
         res["ttft"] = measure(m.name, s.name, warm_runs=5)
         res["ttft_warm_over_cold"] = res["ttft"]["warm_median_s"] / res["ttft"]["cold_s"]
-    save(out, res)
+    atomic_write_text(out, json.dumps(res, indent=2))
     print(json.dumps(res, indent=2))
 
 
