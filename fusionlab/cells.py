@@ -144,10 +144,17 @@ class CellJob:
     chain: Callable[[Cell], Hashable] | None = None
     """Cells that continue one another (a growing training run, resumed from its checkpoint at each budget) share a
     chain key: they stay in order in one group, so a Ray worker runs them one after another, never two at once."""
+    streams: bool = False
+    """compute_batch(model, cells, emit) calls emit(j, record) the moment cell j finishes (a continuous-batching grid:
+    when its row ends). In-process, every missing cell is then one batch, each record saved as it is emitted: the
+    scheduler refills a freed seat until the grid's last prompt, never waiting for a group's longest row."""
 
-    def groups(self, todo: list[Cell], spread: int = 1) -> list[list[Cell]]:
+    def groups(self, todo: list[Cell], spread: int = 1, streaming: bool = False) -> list[list[Cell]]:
         """Batches of at most `batch_size` cells, and at least `spread` of them where the cells allow (so that many
-        workers each get one: rows of a batch equal their prompt run alone, so smaller batches change no record)."""
+        workers each get one: rows of a batch equal their prompt run alone, so smaller batches change no record).
+        `streaming`: the caller saves records as they are emitted, so a streaming job is one batch of every cell."""
+        if streaming and self.streams and self.compute_batch is not None:
+            return [todo]
         if self.chain is not None:
             chains: dict[Hashable, list[Cell]] = {}
             for c in todo:
@@ -156,21 +163,36 @@ class CellJob:
         step = min(self.batch_size, -(-len(todo) // max(spread, 1))) if self.compute_batch is not None else 1
         return [todo[at:at + step] for at in range(0, len(todo), step)]
 
-    def compute_group(self, model: Any, group: list[Cell]) -> list[dict[str, Any]]:
-        """Records for one group; a batch that raises one of `skip` is redone cell by cell, so only the cells that
-        really cannot run are recorded as skipped (with the message)."""
+    def compute_group(self, model: Any, group: list[Cell],
+                      emit: Callable[[int, dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+        """Records for one group, each also handed to `emit(j, record)` once, as soon as it exists (a streaming
+        batch: when its row ends; otherwise when the batch returns). A batch that raises one of `skip` is redone cell
+        by cell for the cells it had not finished, so only the cells that really cannot run are recorded as skipped
+        (with the message)."""
+        recs: dict[int, dict[str, Any]] = {}
+
+        def keep(j: int, rec: dict[str, Any]) -> None:
+            if j not in recs:
+                recs[j] = rec
+                if emit is not None:
+                    emit(j, rec)
+
         if self.compute_batch is not None and len(group) > 1:
             try:
-                return self.compute_batch(model, group)
+                out = self.compute_batch(model, group, keep) if self.streams else self.compute_batch(model, group)
+                for j, rec in enumerate(out):
+                    keep(j, rec)
+                return [recs[j] for j in range(len(group))]
             except self.skip:
-                pass  # some cell of the batch cannot run: find which, one by one
-        recs = []
-        for c in group:
+                pass  # some cell of the batch cannot run: find which, one by one (the finished ones are kept)
+        for j, c in enumerate(group):
+            if j in recs:
+                continue
             try:
-                recs.append(self.compute(model, c))
+                keep(j, self.compute(model, c))
             except self.skip as e:
-                recs.append({"skipped": str(e)})
-        return recs
+                keep(j, {"skipped": str(e)})
+        return [recs[j] for j in range(len(group))]
 
 
 def run_cells(cache: CellCache, cells: list[Cell], open_model: Callable[[], AbstractContextManager[M]],
@@ -178,13 +200,16 @@ def run_cells(cache: CellCache, cells: list[Cell], open_model: Callable[[], Abst
               skip: tuple[type[Exception], ...] = (ContextTooLong,),
               compute_batch: Callable[[M, list[Cell]], list[dict[str, Any]]] | None = None,
               batch_size: int = 1, batch_key: Callable[[Cell], Any] | None = None,
-              backend: str | None = None, chain: Callable[[Cell], Hashable] | None = None) -> list[dict[str, Any]]:
+              backend: str | None = None, chain: Callable[[Cell], Hashable] | None = None,
+              streams: bool = False) -> list[dict[str, Any]]:
     """Compute the cells the cache lacks, appending each as it finishes, and return every cell's record in order.
 
     The model is opened once, and only if some cell is missing (a finished grid loads nothing). With
     `compute_batch`, missing cells go `batch_size` at a time (`CellJob.compute_group`).
     `batch_key` orders the missing cells before batching (e.g. by length: less padding); results keep `cells` order.
     `chain`: cells with one chain key run in order as one group (`CellJob.chain`; not with `compute_batch`).
+    `streams`: `compute_batch` takes a third argument, `emit`, and emits each cell as it finishes (`CellJob.streams`);
+    in-process every missing cell is one batch and each record is appended the moment it is emitted.
     `backend`: 'inprocess' or 'ray' (default: 'ray' when $FUSIONLAB_RAY is set, else 'inprocess'). On Ray the
     workers compute and this process alone writes the cache, so resume and the tally behave the same.
     """
@@ -201,7 +226,7 @@ def run_cells(cache: CellCache, cells: list[Cell], open_model: Callable[[], Abst
     if batch_key is not None:
         todo.sort(key=batch_key)
     if todo:
-        RUNNERS[where](cache, todo, CellJob(open_model, compute, compute_batch, batch_size, skip, chain), desc)
+        RUNNERS[where](cache, todo, CellJob(open_model, compute, compute_batch, batch_size, skip, chain, streams), desc)
     _tally(desc, cached=len(cells) - len(todo), computed=len(todo))
     # the key names the computation, the fields only label it: a result cached under another label (a setting
     # renamed since, or the same computation shared by two notebooks) comes back under this caller's labels
@@ -210,11 +235,12 @@ def run_cells(cache: CellCache, cells: list[Cell], open_model: Callable[[], Abst
 
 def _run_here(cache: CellCache, todo: list[Cell], job: CellJob, desc: str) -> None:
     with job.open_model() as model, tqdm(total=len(todo), desc=desc, leave=False) as bar:
-        for group in job.groups(todo):
-            for c, rec in zip(group, job.compute_group(model, group)):
-                cache.add({"key": c.key, **c.fields, **rec})
-            bar.update(len(group))
-            report_progress(desc, bar.n, len(todo))
+        for group in job.groups(todo, streaming=True):
+            def save(j: int, rec: dict[str, Any], group: list[Cell] = group) -> None:  # as each cell finishes
+                cache.add({"key": group[j].key, **group[j].fields, **rec})
+                bar.update(1)
+                report_progress(desc, bar.n, len(todo))
+            job.compute_group(model, group, save)
 
 
 RUNNERS: dict[str, Callable[[CellCache, list[Cell], CellJob, str], None]] = {"inprocess": _run_here}

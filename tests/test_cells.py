@@ -143,3 +143,65 @@ def test_batches_spread_over_workers_where_the_cells_allow():
     assert [len(g) for g in job.groups(cells)] == [4, 1]
     assert [len(g) for g in job.groups(cells, spread=2)] == [3, 2]
     assert [len(g) for g in job.groups(cells, spread=8)] == [1] * 5
+
+
+class _Stop(Exception):
+    """A run killed mid-grid."""
+
+
+def _streaming_batch(log, fail_after=None, skip_item=None):
+    """A compute_batch that finishes its cells last-first, emitting each as it ends; it dies (`fail_after` cells
+    emitted) or refuses a cell (ContextTooLong after emitting the others) where asked."""
+    def batch(model, cs, emit=None):
+        log.append([c.item for c in cs])
+        recs = {}
+        for j in reversed(range(len(cs))):
+            if fail_after is not None and len(recs) == fail_after:
+                raise _Stop()
+            if cs[j].item == skip_item:
+                continue
+            recs[j] = {"v": cs[j].item * 10}
+            if emit is not None:
+                emit(j, recs[j])
+        if skip_item is not None:
+            raise ContextTooLong("one prompt too long")
+        return [recs[j] for j in range(len(cs))]
+    return batch
+
+
+def test_a_streaming_grid_is_one_batch_and_saves_each_cell_as_it_finishes(tmp_path):
+    """In-process, a streaming grid's missing cells are one scheduler run (no seat waits for a group's longest row),
+    and each record is on disk when its row ends: a run killed after 2 of 5 keeps those 2, and the resumed run
+    computes only the other 3."""
+    cells = [Cell(cell_key("st", i), {"i": i}, i) for i in range(5)]
+    path, log = tmp_path / "c.jsonl", []
+    with pytest.raises(_Stop):
+        run_cells(CellCache(path), cells, lambda: nullcontext(None), lambda m, c: pytest.fail("batched"), "t",
+                  compute_batch=_streaming_batch(log, fail_after=2), batch_size=2, streams=True)
+    assert log == [[0, 1, 2, 3, 4]] and sorted(r["i"] for r in CellCache(path)) == [3, 4]
+    out = run_cells(CellCache(path), cells, lambda: nullcontext(None), lambda m, c: pytest.fail("batched"), "t",
+                    compute_batch=_streaming_batch(log), batch_size=2, streams=True)
+    assert log[1] == [0, 1, 2] and [r["v"] for r in out] == [0, 10, 20, 30, 40]
+
+
+def test_a_streaming_batch_that_refuses_a_cell_keeps_the_others_and_skips_only_it(tmp_path):
+    one_by_one = []
+
+    def compute(model, c):
+        one_by_one.append(c.item)
+        raise ContextTooLong("too long alone")
+    cells = [Cell(cell_key("sk", i), {"i": i}, i) for i in range(4)]
+    out = run_cells(CellCache(tmp_path / "c.jsonl"), cells, lambda: nullcontext(None), compute, "t",
+                    compute_batch=_streaming_batch([], skip_item=2), batch_size=4, streams=True)
+    assert one_by_one == [2] and [r.get("v") for r in out] == [0, 10, None, 30] and out[2]["skipped"] == "too long alone"
+
+
+def test_streaming_jobs_keep_batch_size_groups_where_records_come_back_per_group():
+    """Ray returns a worker's records when its batch ends: there a streaming job still goes batch_size at a time."""
+    from fusionlab.cells import CellJob
+
+    cells = [Cell(cell_key("g", i), {}, i) for i in range(5)]
+    job = CellJob(nullcontext, lambda m, c: {}, compute_batch=_streaming_batch([]), batch_size=2, streams=True)
+    assert [len(g) for g in job.groups(cells, streaming=True)] == [5]
+    assert [len(g) for g in job.groups(cells, spread=2)] == [2, 2, 1]
+    assert job.compute_group(None, cells[:3]) == [{"v": 0}, {"v": 10}, {"v": 20}]  # no emit: the list alone

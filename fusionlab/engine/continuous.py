@@ -13,9 +13,10 @@ batch tests' tolerance): joining only left-pads entries that no real query sees.
 """
 from __future__ import annotations
 
+import time
 from collections import deque
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 
@@ -28,8 +29,22 @@ from .sampling import cut_at_stop, eos_ids, next_token, row_ends, sampling_confi
 
 
 GROUP_SEATS = 4
-"""A grid hands the scheduler this many prompts per seat at a time: enough waiting prompts to refill freed seats, and
-the cell cache is still written after every group (a stopped run loses at most one group)."""
+"""Where a grid's records come back per group (on Ray, a worker's batch), the scheduler gets this many prompts per
+seat at a time: enough waiting prompts to refill freed seats, and a stopped run loses at most one group. In-process
+the grids stream (`run_cells(..., streams=True)`): every missing cell goes to one scheduler run and each record is
+saved as its row ends (`on_row`), so no seat waits for a group's longest row."""
+
+
+@dataclass(frozen=True)
+class RowCost:
+    """What the run spent between the previous row's end (or the start) and this row's end. Summed over a run's rows
+    these give its wall time and its seat-steps, so any set of rows has occupancy = busy / seat-steps of its costs."""
+
+    seconds: float
+    seat_steps: int
+    """Decode steps x batch_size in that span."""
+    busy_seat_steps: int
+    """Rows decoding, summed over those steps."""
 
 
 @dataclass
@@ -44,6 +59,16 @@ class ScheduleStats:
     """Groups of waiting prompts prefilled into free seats."""
     compacted: int = 0
     """Leading pad entries dropped, summed over compactions."""
+
+    _mark: tuple[float, int, int] = field(default_factory=lambda: (time.perf_counter(), 0, 0), repr=False)
+    """When the previous row ended (or the run began): clock, seat-steps, busy seat-steps."""
+
+    def row_cost(self) -> RowCost:
+        """What the run spent since the previous row ended, charged to the row ending now."""
+        now, seats = time.perf_counter(), self.decode_steps * self.batch_size
+        t, s, b = self._mark
+        self._mark = (now, seats, self.busy_seats)
+        return RowCost(now - t, seats - s, self.busy_seats - b)
 
     @property
     def occupancy(self) -> float:
@@ -111,14 +136,23 @@ class ContinuousBatcher:
             seq, _, first = self.fused.prefill([prompt], max_new_tokens, chat, ctx)
         return seq, first
 
+    def _output(self, prompt: Any, new: list[int], stop: list[str] | None) -> Any:
+        """One prompt's result: its new text cut at the first stop string, or (1, T + new) ids for id prompts."""
+        if isinstance(prompt, torch.Tensor):
+            return torch.cat([prompt.view(1, -1), torch.tensor([new], dtype=prompt.dtype, device=prompt.device)], dim=1)
+        return cut_at_stop(self.fused.master.tokenizer.decode(new, skip_special_tokens=True), stop)
+
     def generate(self, prompts: list[Any], max_new_tokens: int = 32, do_sample: bool = False,
                  temperature: float = 1.0, top_p: float = 1.0, seed: int | list[int] | None = None,
                  eos_token_id: int | list[int] | None = None, chat: bool = False, stop: list[str] | None = None,
-                 context: str | list[Any] | None = None) -> list[Any]:
+                 context: str | list[Any] | None = None,
+                 on_row: Callable[[int, Any, RowCost], None] | None = None) -> list[Any]:
         """The new text of every prompt, in order; arguments as `FusedModel.generate`. Prompts given as 1-D token
         ids give (1, T + new) ids each, as `FusedModel.generate` does. A prompt too long for the models' positions
         fails alone: the others finish, and one FusionLabError names it, with every finished output in its
-        `.results` (None for the failed ones)."""
+        `.results` (None for the failed ones). `on_row(i, output, cost)` is called the moment prompt i's row ends, in
+        the order rows end, so a grid can save each result then instead of after the whole list; `cost` is the
+        RowCost since the previous row ended."""
         f = self.fused
         f._check_open()
         prompts = _prompts(prompts)
@@ -136,6 +170,11 @@ class ContinuousBatcher:
         stats = self.last_stats = ScheduleStats(self.batch_size)
         self.slot_bytes = [{} for _ in prompts]
         seq, logits, active = None, None, []  # active[i]: the prompt in batch row i; logits (len(active), V)
+
+        def ended(i: int) -> None:
+            if on_row is not None:
+                on_row(i, self._output(prompts[i], new[i], stop), stats.row_cost())
+
         while waiting or active:
             free = self.batch_size - len(active)
             if free and waiting:
@@ -153,6 +192,8 @@ class ContinuousBatcher:
                 new[r].append(int(toks[i]))
                 if not row_ends(f.master.tokenizer, new[r], eos, max_new_tokens, stop):
                     going.append(i)
+                else:
+                    ended(r)
             if not going:
                 seq, logits, active = None, None, []
                 continue
@@ -163,11 +204,11 @@ class ContinuousBatcher:
                 toks, active = toks[keep], [active[i] for i in going]
             logits = f.decode_one_token(seq, toks)
             stats.decode_steps, stats.busy_seats = stats.decode_steps + 1, stats.busy_seats + len(active)
-        if isinstance(prompts[0], torch.Tensor):
-            texts = [torch.cat([p.view(1, -1), torch.tensor([n], dtype=p.dtype, device=p.device)], dim=1)
-                     for p, n in zip(prompts, new)]
-        else:
-            texts = [cut_at_stop(f.master.tokenizer.decode(n, skip_special_tokens=True), stop) for n in new]
+        if max_new_tokens == 0:  # no row decoded: each prompt's (empty) output ends here
+            for i in range(len(prompts)):
+                if i not in failed:
+                    ended(i)
+        texts = [self._output(p, n, stop) for p, n in zip(prompts, new)]
         if failed and len(prompts) == 1:
             raise ContextTooLong(failed[0])  # one prompt: its own reason, as generate() gives it
         if failed:
@@ -179,9 +220,26 @@ class ContinuousBatcher:
         return texts
 
 
+def records_as_rows_end(batcher: ContinuousBatcher, prompts: list[Any], record: Callable[[int, Any, RowCost], Any],
+                        emit: Callable[[int, Any], None] | None = None, **kw: Any) -> list[Any]:
+    """`batcher.generate(prompts, **kw)` as a grid wants it: each row, the moment it ends, becomes
+    `record(i, output, cost)`, handed to `emit(i, record)` at once (the cell cache saves it then); returns the records
+    in prompt order."""
+    recs: dict[int, Any] = {}
+
+    def ended(i: int, output: Any, cost: RowCost) -> None:
+        recs[i] = record(i, output, cost)
+        if emit is not None:
+            emit(i, recs[i])
+
+    batcher.generate(prompts, on_row=ended, **kw)
+    return [recs[i] for i in range(len(prompts))]
+
+
 def generate_continuous(fused: FusedModel, prompts: list[Any], batch_size: int = 8, **kw: Any) -> list[Any]:
     """`ContinuousBatcher(fused, batch_size).generate(prompts, **kw)`."""
     return ContinuousBatcher(fused, batch_size).generate(prompts, **kw)
 
 
-__all__ = ["GROUP_SEATS", "ContinuousBatcher", "ScheduleStats", "generate_continuous"]
+__all__ = ["GROUP_SEATS", "ContinuousBatcher", "RowCost", "ScheduleStats", "generate_continuous",
+           "records_as_rows_end"]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +17,7 @@ import pandas as pd
 from ..analysis.stats import wilson
 from ..cells import Cell, CellCache, cell_key, run_cells
 from ..engine import checks
-from ..engine.continuous import GROUP_SEATS, ContinuousBatcher
+from ..engine.continuous import GROUP_SEATS, ContinuousBatcher, records_as_rows_end
 from ..engine.fit import fit_lstsq
 from ..engine.fuse import FusedModel, fuse
 from ..engine.lm import LM
@@ -62,8 +61,8 @@ def run_grid(master: LM, settings: list[Setting], needles: list[Needle], lengths
              haystacks: dict[str, str], cache: Path | None = None, max_new_tokens: int = 24,
              batch_size: int = 4) -> pd.DataFrame:
     """Run every missing cell (tqdm shows progress; cells of one length together, `batch_size` seats of continuous
-    batching over GROUP_SEATS x that many) and return all requested cells. `seconds` is a group's wall time shared
-    among its cells."""
+    batching; in-process a setting's missing cells are one scheduler run, each saved as its row ends) and return all
+    requested cells. `seconds` is the wall time since the previous row ended (sums are wall time)."""
     if not settings or not needles or not lengths or not depths:
         raise FusionLabError("run_grid needs at least one setting, needle, length and depth.")
     for n in lengths:
@@ -78,17 +77,17 @@ def run_grid(master: LM, settings: list[Setting], needles: list[Needle], lengths
     store = CellCache(cache or default_cache())
     texts = {lang: load_haystack(name) for lang, name in haystacks.items()}
 
-    def answer_batch(fused: FusedModel, cs: list[Cell]) -> list[dict[str, Any]]:
-        t0 = time.perf_counter()  # a haystack too short, or a slave that cannot hold the prompt: ContextTooLong
-        prompts = []
+    def answer_batch(fused: FusedModel, cs: list[Cell],
+                     emit: Callable[[int, dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+        prompts = []  # a haystack too short, or a slave that cannot hold the prompt: ContextTooLong
         for c in cs:
             context, _ = build_context(master.tokenizer, texts[c.item.lang], c.item, c.fields["length"],
                                        c.fields["depth"], max_positions=master.spec.max_positions)
             prompts.append(prompt_for(master, context, c.item))
         seats = ContinuousBatcher(fused, min(batch_size, len(cs)))
-        outs = seats.generate(prompts, max_new_tokens=max_new_tokens)
-        dt = round((time.perf_counter() - t0) / len(cs), 2)
-        return [{"answer": o, **score(o, c.item), "seconds": dt, "batch": seats.batch_size} for o, c in zip(outs, cs)]
+        return records_as_rows_end(seats, prompts, lambda j, text, cost: {
+            "answer": text, **score(text, cs[j].item), "seconds": round(cost.seconds, 2), "batch": seats.batch_size},
+            emit, max_new_tokens=max_new_tokens)
 
     def answer(fused: FusedModel, c: Cell) -> dict[str, Any]:
         return answer_batch(fused, [c])[0] | {"batch": 1}
@@ -98,7 +97,7 @@ def run_grid(master: LM, settings: list[Setting], needles: list[Needle], lengths
         cells = grid_cells(st, needles, lengths, depths, texts, max_new_tokens)
         for rec in run_cells(store, cells, lambda st=st: closing(st.build()), answer, desc=st.name,
                              compute_batch=answer_batch, batch_size=GROUP_SEATS * batch_size,
-                             batch_key=lambda c: (c.fields["length"], c.item.lang)):
+                             batch_key=lambda c: (c.fields["length"], c.item.lang), streams=True):
             if "skipped" in rec:
                 where = {k: rec[k] for k in ("setting", "needle", "length", "depth")}
                 skipped.append(where | {"reason": rec["skipped"]})

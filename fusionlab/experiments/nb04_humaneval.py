@@ -12,7 +12,6 @@ from contextlib import closing
 import random
 import subprocess
 import sys
-import time
 import zlib
 from pathlib import Path
 from typing import Any, Callable
@@ -22,7 +21,7 @@ import pandas as pd
 from ..analysis.stats import mcnemar, wilson
 from ..cells import Cell, CellCache, cell_key, run_cells
 from ..engine import checks
-from ..engine.continuous import GROUP_SEATS, ContinuousBatcher
+from ..engine.continuous import GROUP_SEATS, ContinuousBatcher, RowCost, records_as_rows_end
 from ..engine.fuse import FusedModel
 from ..errors import FusionLabError
 from ..paths import cache_dir
@@ -56,10 +55,10 @@ def generate_all(name: str, key: str, build: Callable[[], FusedModel], tasks: li
                  temperature: float | None = None, samples: int = 1) -> pd.DataFrame:
     """Greedy completions of each task's prompt (raw continuation, standard stop strings), cached; `batch_size`
     seats of continuous batching (a finished row's seat goes to the next prompt; each row equals its prompt alone),
-    over groups of GROUP_SEATS x batch_size prompts (`seconds` is a group's wall time shared among its rows;
-    `occupancy` the share of its seat-steps that decoded a row).
-    With `temperature`: `samples` sampled completions per task, each seeded by (task, sample index) alone, so a
-    sample is the same whatever batch it runs in (column `sample`)."""
+    every missing task in one scheduler run, each record saved as its row ends (`seconds`: the wall time since the
+    previous row ended, so sums over a setting are its wall time; `seat_steps` / `busy_seat_steps` likewise, so
+    their ratio is the occupancy). With `temperature`: `samples` sampled completions per task, each seeded by
+    (task, sample index) alone, so a sample is the same whatever batch it runs in (column `sample`)."""
     checks.integer("max_new_tokens", max_new_tokens, 1)
     checks.integer("batch_size", batch_size, 1)
     checks.integer("samples", samples, 1)
@@ -68,17 +67,20 @@ def generate_all(name: str, key: str, build: Callable[[], FusedModel], tasks: li
     if not tasks or not all(isinstance(t, dict) and "task_id" in t and "prompt" in t for t in tasks):
         raise FusionLabError("tasks must be a non-empty list of HumanEval problems (humaneval.subset(...)).")
 
-    def complete_batch(fused: FusedModel, cs: list[Cell]) -> list[dict[str, Any]]:
-        t0 = time.perf_counter()
+    def complete_batch(fused: FusedModel, cs: list[Cell],
+                       emit: Callable[[int, dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
         sampling = {} if temperature is None else {"do_sample": True, "temperature": temperature,
                                                    "seed": [c.item["seed"] for c in cs]}
         seats = ContinuousBatcher(fused, min(batch_size, len(cs)))
-        outs = seats.generate([c.item["prompt"] for c in cs], max_new_tokens=max_new_tokens, stop=STOP, **sampling)
-        dt = (time.perf_counter() - t0) / len(cs)
-        return [{"completion": o, "seconds": dt, "new_tokens": len(fused.master.tokenizer(o)["input_ids"]),
-                 "extra_kv_bytes": sum(seats.slot_bytes[i].values()), "batch": seats.batch_size,
-                 "occupancy": seats.last_stats.occupancy, "scheduler": "continuous"}
-                for i, o in enumerate(outs)]
+
+        def record(j: int, text: str, cost: RowCost) -> dict[str, Any]:
+            return {"completion": text, "seconds": cost.seconds,
+                    "new_tokens": len(fused.master.tokenizer(text)["input_ids"]),
+                    "extra_kv_bytes": sum(seats.slot_bytes[j].values()), "batch": seats.batch_size,
+                    "seat_steps": cost.seat_steps, "busy_seat_steps": cost.busy_seat_steps, "scheduler": "continuous"}
+
+        return records_as_rows_end(seats, [c.item["prompt"] for c in cs], record, emit,
+                                   max_new_tokens=max_new_tokens, stop=STOP, **sampling)
 
     def complete(fused: FusedModel, c: Cell) -> dict[str, Any]:
         return complete_batch(fused, [c])[0] | {"batch": 1}
@@ -93,7 +95,7 @@ def generate_all(name: str, key: str, build: Callable[[], FusedModel], tasks: li
     store = CellCache(cache or default_cache())
     return pd.DataFrame(run_cells(store, cells, lambda: closing(build()), complete, desc=name,
                                   compute_batch=complete_batch, batch_size=GROUP_SEATS * batch_size,
-                                  batch_key=lambda c: len(c.item["prompt"])))
+                                  batch_key=lambda c: len(c.item["prompt"]), streams=True))
 
 
 def check(gens: pd.DataFrame, timeout: float = 5.0) -> pd.DataFrame:
@@ -146,6 +148,19 @@ def paired(df: pd.DataFrame, baseline: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def run_label(df: pd.DataFrame) -> str:
+    """How a saved grid was generated, from its own columns: 'batch 1', 'static batches of up to B' (a batch decodes
+    until its longest row ends) or 'continuous batching, B seats' (+ ', streamed' where each row was saved as it
+    ended)."""
+    if "batch" not in df or not (df["batch"] > 1).any():
+        return "batch 1"
+    b = int(df["batch"].max())
+    if "scheduler" in df and (df["scheduler"] == "continuous").all():
+        streamed = "seat_steps" in df and df["seat_steps"].notna().all()
+        return f"continuous batching, {b} seats" + (", streamed" if streamed else "")
+    return f"static batches of up to {b}"
+
+
 def rerun_changes(before: pd.DataFrame, after: pd.DataFrame) -> pd.DataFrame:
     """Per setting: pass counts of two runs of the same grid (e.g. batch 1 vs batched) and the problems whose
     completion or outcome changed, so a rerun is compared problem by problem rather than by its total alone; with
@@ -157,7 +172,9 @@ def rerun_changes(before: pd.DataFrame, after: pd.DataFrame) -> pd.DataFrame:
     for setting, g in both.groupby("setting", sort=False):
         text = g[g["completion_before"] != g["completion_after"]]
         flip = g[g["passed_before"].astype(bool) != g["passed_after"].astype(bool)]
-        rows.append({"setting": setting, "n": len(g), "passed_before": int(g["passed_before"].sum()),
+        rows.append({"setting": setting, "before_run": run_label(before[before["setting"] == setting]),
+                     "after_run": run_label(after[after["setting"] == setting]), "n": len(g),
+                     "passed_before": int(g["passed_before"].sum()),
                      "passed_after": int(g["passed_after"].sum()), "completions_changed": len(text),
                      "outcomes_changed": len(flip), "changed_tasks": " ".join(text["task_id"])}
                     | ({"seconds_before": g["seconds_before"].sum(), "seconds_after": g["seconds_after"].sum()}
@@ -170,12 +187,18 @@ def batch_occupancy(df: pd.DataFrame) -> pd.DataFrame:
     rows leave, but no new prompt takes their seat), so occupancy = row tokens / (rows x the longest row's tokens).
     A batch is recognised by its rows sharing one `seconds` value (the batch's wall time split among them); lengths
     are the completions' master tokens after stop strings, so the figure is approximate. Rows run by the continuous
-    scheduler carry their group's measured occupancy (busy seat-steps / all seat-steps) instead."""
+    scheduler carry what was measured instead: streamed rows their share of seat-steps (occupancy = busy / all, summed
+    over the setting), rows of a group run their group's occupancy (the mean weights each group by its rows)."""
     rows = []
     for setting, g in df[df["batch"] > 1].groupby("setting", sort=False):
         b = g.groupby(["seconds", "batch"])["new_tokens"].agg(["size", "sum", "max"])
-        measured = "occupancy" in g and g["occupancy"].notna().all()  # then the mean weights each group by its rows
-        occ = (float(g["occupancy"].mean()) if measured
-               else b["sum"].sum() / (b["size"] * b["max"].clip(lower=1)).sum())
-        rows.append({"setting": setting, "batches": len(b), "mean_rows": b["size"].mean(), "occupancy": occ})
+        if "seat_steps" in g and g["seat_steps"].notna().all():  # streamed rows
+            occ = g["busy_seat_steps"].sum() / g["seat_steps"].sum() if g["seat_steps"].sum() else float("nan")
+        elif "occupancy" in g and g["occupancy"].notna().all():
+            occ = float(g["occupancy"].mean())
+        else:
+            occ = b["sum"].sum() / (b["size"] * b["max"].clip(lower=1)).sum()
+        streamed = "seat_steps" in g and g["seat_steps"].notna().all()  # no batches to count: rows came one by one
+        rows.append({"setting": setting, "batches": float("nan") if streamed else len(b),
+                     "mean_rows": float("nan") if streamed else b["size"].mean(), "occupancy": occ})
     return pd.DataFrame(rows, columns=["setting", "batches", "mean_rows", "occupancy"])

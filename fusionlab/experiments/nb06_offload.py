@@ -13,7 +13,6 @@ facts at once (both needed). Documents come from the NIAH haystacks at a fixed m
 from __future__ import annotations
 
 import hashlib
-import time
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,7 @@ import pandas as pd
 import torch
 
 from ..cells import Cell, CellCache, cell_key, run_cells
-from ..engine.continuous import GROUP_SEATS, ContinuousBatcher
+from ..engine.continuous import GROUP_SEATS, ContinuousBatcher, RowCost, records_as_rows_end
 from ..engine.fuse import FusedModel, fuse
 from ..engine.layermap import LayerMap
 from ..engine.lm import LM
@@ -131,21 +130,23 @@ class Setting:
     slaves: list[str] = field(default_factory=list)
 
 
-def answers(fused: FusedModel, items: list[Item], reads: str, max_new_tokens: int, seats: int = 4) -> list[str]:
+def answers(fused: FusedModel, items: list[Item], reads: str, max_new_tokens: int, seats: int = 4,
+            record: Callable[[int, str, RowCost], Any] = lambda i, answer, cost: answer,
+            emit: Callable[[int, Any], None] | None = None) -> list[Any]:
     """Items answered one way (see READS) on `seats` seats of continuous batching; every row equals its item
-    answered alone."""
+    answered alone. Returns the answers, or `record(i, answer, cost)` of each, each handed to `emit` as its row ends
+    (`records_as_rows_end`)."""
     m = fused.master
     prompts = [it.prompt(m) for it in items]
     batcher = ContinuousBatcher(fused, min(seats, len(items)))
-    if reads == "nothing":
-        return batcher.generate(prompts, max_new_tokens=max_new_tokens)
     if reads == "itself":  # the skyline: document ids + prompt ids, as one sequence per row
         rows = [torch.cat([m.encode(it.document), m.encode(p, special_tokens=False)], dim=1)[0]
                 for it, p in zip(items, prompts)]
-        outs = batcher.generate(rows, max_new_tokens=max_new_tokens)
-        return [m.tokenizer.decode(o[0, len(r):], skip_special_tokens=True) for o, r in zip(outs, rows)]
-    docs = [it.document if reads == "document" else it.decoy for it in items]
-    return batcher.generate(prompts, max_new_tokens=max_new_tokens, context=docs)
+        return records_as_rows_end(batcher, rows, lambda i, out, cost: record(
+            i, m.tokenizer.decode(out[0, len(rows[i]):], skip_special_tokens=True), cost), emit,
+            max_new_tokens=max_new_tokens)
+    docs = None if reads == "nothing" else [it.document if reads == "document" else it.decoy for it in items]
+    return records_as_rows_end(batcher, prompts, record, emit, max_new_tokens=max_new_tokens, context=docs)
 
 
 def settings(master: LM, slaves: dict[str, tuple[LM, LstsqProjector]], kvcomm: dict[str, LayerMap] | None = None,
@@ -202,17 +203,18 @@ def default_cache() -> Path:
 def run(items: list[Item], grid: list[Setting], max_new_tokens: int = 24, cache: Path | None = None,
         batch_size: int = 4) -> pd.DataFrame:
     """Every (setting, item) cell, resumable, on `batch_size` seats of continuous batching over GROUP_SEATS x that many
-    items (similar lengths together); one row per cell with the answer, its label and its cost (`seconds`: a group's
-    wall time shared among its cells)."""
+    items (similar lengths together); one row per cell with the answer, its label and its cost (`seconds`: the wall
+    time since the previous row ended, so sums are wall time). In-process a setting's missing items are one scheduler
+    run, each saved as its row ends (`run_cells(streams=True)`)."""
     store = CellCache(cache or default_cache())
 
-    def compute_batch(reads: str) -> Callable[[FusedModel, list[Cell]], list[dict[str, Any]]]:
-        def many(fused: FusedModel, cs: list[Cell]) -> list[dict[str, Any]]:
-            t0 = time.perf_counter()
-            texts = answers(fused, [c.item for c in cs], reads, max_new_tokens, batch_size)
-            dt = round((time.perf_counter() - t0) / len(cs), 2)
-            return [{"answer": t, **score_item(t, c.item), "seconds": dt, "batch": min(batch_size, len(cs))}
-                    for t, c in zip(texts, cs)]
+    def compute_batch(reads: str) -> Callable[..., list[dict[str, Any]]]:
+        def many(fused: FusedModel, cs: list[Cell],
+                 emit: Callable[[int, dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+            return answers(fused, [c.item for c in cs], reads, max_new_tokens, batch_size,
+                           lambda j, text, cost: {"answer": text, **score_item(text, cs[j].item),
+                                                  "seconds": round(cost.seconds, 2), "batch": min(batch_size, len(cs))},
+                           emit)
         return many
 
     rows = []
@@ -227,7 +229,7 @@ def run(items: list[Item], grid: list[Setting], max_new_tokens: int = 24, cache:
         many = compute_batch(st.reads)
         for rec in run_cells(store, cells, lambda st=st: closing(st.build()), lambda f, c, many=many: many(f, [c])[0],
                              desc=st.name, compute_batch=many, batch_size=GROUP_SEATS * batch_size,
-                             batch_key=lambda c: (c.fields["length"], c.fields["lang"])):
+                             batch_key=lambda c: (c.fields["length"], c.fields["lang"]), streams=True):
             rows.append({**rec, "role": st.role, "control_of": st.control_of})
     return pd.DataFrame(rows).drop(columns=["key"])
 

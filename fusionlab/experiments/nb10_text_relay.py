@@ -17,12 +17,12 @@ import time
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 
 from ..cells import Cell, CellCache, cell_key, run_cells
-from ..engine.continuous import GROUP_SEATS, ContinuousBatcher
+from ..engine.continuous import GROUP_SEATS, ContinuousBatcher, records_as_rows_end
 from ..engine.fuse import FusedModel, fuse
 from ..engine.lm import LM
 from .nb10_nll_transfer import Pair, default_cache, nll_after
@@ -54,19 +54,19 @@ def reads(note: str) -> str:
 def notes(relay: Relay, texts: list[str], cache: CellCache) -> dict[str, dict[str, Any]]:
     """The writer's note on each distinct text (cached by writer, the whole prompt it answers, and budget), with
     its cost."""
-    def write(fused: FusedModel, cs: list[Cell]) -> list[dict[str, Any]]:
-        t0 = time.perf_counter()
-        out = ContinuousBatcher(fused, min(4, len(cs))).generate([c.item for c in cs], max_new_tokens=relay.tokens,
-                                                                 chat=True)
-        dt = round((time.perf_counter() - t0) / len(cs), 3)
-        return [{"note": t, "note_seconds": dt} for t in out]
+    def write(fused: FusedModel, cs: list[Cell],
+              emit: Callable[[int, dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+        return records_as_rows_end(  # note_seconds: since the previous note ended, so sums are wall time
+            ContinuousBatcher(fused, min(4, len(cs))), [c.item for c in cs],
+            lambda j, note, cost: {"note": note, "note_seconds": round(cost.seconds, 3)}, emit,
+            max_new_tokens=relay.tokens, chat=True)
 
     distinct = list(dict.fromkeys(texts))
     prompts = [NOTE_PROMPT.format(text=t) for t in distinct]
     cells = [Cell(cell_key("relay-note", relay.writer.fingerprint[:12], _digest(q), relay.tokens), {}, q)
              for q in prompts]
     recs = run_cells(cache, cells, lambda: closing(fuse(relay.writer, [])), lambda f, c: write(f, [c])[0],
-                     desc=f"{relay.label} notes", compute_batch=write, batch_size=GROUP_SEATS * 4)
+                     desc=f"{relay.label} notes", compute_batch=write, batch_size=GROUP_SEATS * 4, streams=True)
     return dict(zip(distinct, recs))
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..analysis.stats import interval
+from ..engine.continuous import GROUP_SEATS
 from ..experiments import nb04_humaneval as he
 from ..paths import bench_results_dir, notebooks_dir, readme_path
 from .readme_transfer_map import fuser_control_markdown, offload_ladder_markdown, transfer_map_markdown
@@ -164,8 +165,11 @@ def humaneval_markdown(folder: Path | None = None, stem: str = "04_humaneval") -
     occ = he.batch_occupancy(df) if "batch" in df and (df["batch"] > 1).any() else None
     continuous = "scheduler" in df and (df["scheduler"] == "continuous").all()
     if occ is not None and continuous:
+        streamed = "seat_steps" in df and df["seat_steps"].notna().all()
+        how = ("every missing problem of a setting in one scheduler run, each saved as its row ends" if streamed
+               else f"groups of {GROUP_SEATS} prompts per seat")
         batch = (f", continuous batching with {int(df['batch'].max())} seats (a finished row's seat goes to the next "
-                 f"prompt): {occ['occupancy'].mean():.0%} of seat-steps decoded a row (per setting "
+                 f"prompt; {how}): {occ['occupancy'].mean():.0%} of seat-steps decoded a row (per setting "
                  f"{occ['occupancy'].min():.0%}-{occ['occupancy'].max():.0%})")
     elif occ is not None:
         batch += (f"; a batch decodes until its longest row ends, so on average {occ['occupancy'].mean():.0%} of its "
@@ -186,12 +190,14 @@ def rerun_markdown(folder: Path | None, notebook: str, settings: list[str]) -> s
              f"changed{' (' + r.changed_tasks + ')' if 0 < r.completions_changed <= 6 else ''}, "
              f"{r.outcomes_changed} pass/fail flips)" for r in df.fillna({"changed_tasks": ""}).itertuples()]
     missing = [x for x in settings if x not in set(df["setting"])]
-    wall = (f" Generation wall time of these settings: {df['seconds_before'].sum() / 60:.0f} min at batch 1, "
-            f"{df['seconds_after'].sum() / 60:.0f} min batched"
+    before, after = (("batch 1", "batched") if "before_run" not in df else  # saved before the runs were labelled
+                     (" / ".join(df["before_run"].unique()), " / ".join(df["after_run"].unique())))
+    wall = (f" Generation wall time of these settings: {df['seconds_before'].sum() / 60:.0f} min ({before}), "
+            f"{df['seconds_after'].sum() / 60:.0f} min ({after})"
             + (" (target: <= 25 min for the four settings on this CPU)." if notebook == "04" else ".")
             if "seconds_after" in df and not missing else "")
-    return ("\n\nBatched rerun against the earlier batch-1 run (pass counts before -> after): " + "; ".join(parts)
-            + (f"; not rerun batched yet: {', '.join(missing)}" if missing else "")
+    return (f"\n\nRerun ({after}) against the earlier run ({before}); pass counts before -> after: " + "; ".join(parts)
+            + (f"; not rerun yet: {', '.join(missing)}" if missing else "")
             + f" (`data/results/{notebook}_batch_rerun.{size}.csv` lists every changed problem)." + wall)
 
 

@@ -4,6 +4,8 @@ rows ending at different steps; seats are reused; a prompt too long fails alone;
 padding that real queries could see makes these comparisons fail."""
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -88,6 +90,28 @@ def test_seats_are_reused_and_padding_is_compacted(tiny):
             [f.generate(p, max_new_tokens=10, stop=stop) for p in PROMPTS]
         st = cb.last_stats
         assert st.joins >= 2 and 0 < st.occupancy <= 1 and st.busy_seats <= st.decode_steps * 3
+
+
+def test_each_row_is_reported_as_it_ends_with_costs_that_add_up_to_the_run(tiny):
+    """on_row(i, output, cost) fires once per prompt, the moment its row ends (a short row before a long one that
+    started earlier), with the output generate() returns; the costs sum to the run's seat-steps and its wall time."""
+    m = tiny("tiny-qwen2")
+    with fl.fuse(m, []) as f:
+        full = [f.generate(p, max_new_tokens=10) for p in PROMPTS]
+        stop = [full[2][1:3]]  # prompt 2 stops early, the others run 10 tokens
+        cb, seen = ContinuousBatcher(f, batch_size=3), []
+        t0 = time.perf_counter()
+        out = cb.generate(PROMPTS, max_new_tokens=10, stop=stop, on_row=lambda i, o, c: seen.append((i, o, c)))
+        wall = time.perf_counter() - t0
+        assert sorted(i for i, _, _ in seen) == list(range(len(PROMPTS))) and seen[0][0] == 2
+        assert all(o == out[i] for i, o, _ in seen)
+        st, costs = cb.last_stats, [c for _, _, c in seen]
+        assert sum(c.seat_steps for c in costs) == st.decode_steps * 3
+        assert sum(c.busy_seat_steps for c in costs) == st.busy_seats
+        assert 0 < sum(c.seconds for c in costs) <= wall
+        empty = []
+        assert cb.generate(PROMPTS[:2], max_new_tokens=0, on_row=lambda i, o, c: empty.append((i, o))) == ["", ""]
+        assert sorted(empty) == [(0, ""), (1, "")]
 
 
 def test_joining_prompts_are_prefilled_alone_never_padded_to_a_longer_one(tiny, monkeypatch):

@@ -75,7 +75,8 @@ def test_batched_completions_equal_batch_one(tiny, tmp_path):
     many = he.generate_all("s", "k", lambda: fl.fuse(m, []), tasks, max_new_tokens=12, cache=tmp_path / "b.jsonl",
                            batch_size=4)
     assert one["completion"].tolist() == many["completion"].tolist() and set(many["batch"]) == {4}
-    assert (many["scheduler"] == "continuous").all() and 0 < many["occupancy"].iloc[0] <= 1  # 5 prompts, 4 seats
+    assert (many["scheduler"] == "continuous").all()  # 5 prompts, 4 seats, one streamed run
+    assert 0 < he.batch_occupancy(many)["occupancy"].iloc[0] <= 1 and (many["seat_steps"] >= 0).all()
 
 
 def test_rerun_changes_lists_each_changed_problem():
@@ -108,3 +109,24 @@ def test_batch_occupancy_prefers_the_scheduler_s_measurement():
     df = pd.DataFrame({"setting": ["a"] * 4, "seconds": [1.0, 1.0, 2.0, 2.0], "batch": [2] * 4,
                        "new_tokens": [10, 5, 4, 4], "occupancy": [0.9, 0.9, 0.5, 0.5]})
     assert he.batch_occupancy(df).set_index("setting").loc["a", "occupancy"] == pytest.approx(0.7)
+
+
+def test_batch_occupancy_of_streamed_rows_sums_their_seat_steps():
+    """Streamed rows each carry the seat-steps since the previous row ended: the setting's occupancy is the sums'
+    ratio (a row that ended on the same step as another carries 0 / 0 and weighs nothing)."""
+    df = pd.DataFrame({"setting": ["a"] * 3, "seconds": [1.0, 0.5, 0.0], "batch": [2] * 3, "new_tokens": [3, 4, 5],
+                       "seat_steps": [10, 4, 0], "busy_seat_steps": [10, 1, 0]})
+    assert he.batch_occupancy(df).set_index("setting").loc["a", "occupancy"] == pytest.approx(11 / 14)
+
+
+def test_a_rerun_names_how_each_run_was_generated():
+    base = pd.DataFrame({"setting": ["a", "a"], "task_id": ["H/0", "H/1"], "completion": ["x", "y"],
+                         "passed": [True, False]})
+    static = base.assign(batch=8)
+    grouped = base.assign(batch=8, scheduler="continuous")
+    streamed = grouped.assign(seat_steps=[8, 0], busy_seat_steps=[6, 0])
+    assert [he.run_label(d) for d in (base, base.assign(batch=1), static, grouped, streamed)] == [
+        "batch 1", "batch 1", "static batches of up to 8", "continuous batching, 8 seats",
+        "continuous batching, 8 seats, streamed"]
+    got = he.rerun_changes(static, streamed).iloc[0]
+    assert got["before_run"] == "static batches of up to 8" and got["after_run"].endswith("streamed")

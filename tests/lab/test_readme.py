@@ -46,7 +46,7 @@ def test_humaneval_table_from_saved_results(tmp_path):
     assert md[3] == f"| +s | 1/4 = 25.0% [{lo:.1%}, {hi:.1%}] | 0.5 | 3 of 4 | 2.0 | 5.0 | 1.00 |"
     assert "04_humaneval.default.csv" in md[-1]
     assert readme.humaneval_markdown(tmp_path / "none").startswith("_Not measured yet")
-    assert "Batched rerun" not in readme.humaneval_markdown(tmp_path)
+    assert "Rerun (" not in readme.humaneval_markdown(tmp_path)
     pd.DataFrame([{"setting": "master alone", "n": 4, "passed_before": 3, "passed_after": 3, "completions_changed": 0,
                    "outcomes_changed": 0, "changed_tasks": None},
                   {"setting": "+s", "n": 4, "passed_before": 1, "passed_after": 2, "completions_changed": 2,
@@ -55,13 +55,20 @@ def test_humaneval_table_from_saved_results(tmp_path):
     md = readme.humaneval_markdown(tmp_path)
     assert "master alone 3 -> 3 (0 of 4 completions changed, 0 pass/fail flips)" in md
     assert "+s 1 -> 2 (2 of 4 completions changed (b c), 1 pass/fail flips)" in md and "04_batch_rerun.full.csv" in md
-    assert "not rerun batched yet" not in md and "wall time of these settings" not in md
+    assert "not rerun yet" not in md and "wall time of these settings" not in md
+    assert "Rerun (batched) against the earlier run (batch 1)" in md  # a comparison saved before runs were labelled
     pd.read_csv(tmp_path / "04_batch_rerun.full.csv").assign(seconds_before=[3000.0, 2880.0], seconds_after=[600.0, 720.0]
                                                              ).to_csv(tmp_path / "04_batch_rerun.full.csv", index=False)
-    assert ("Generation wall time of these settings: 98 min at batch 1, 22 min batched (target: <= 25 min"
+    assert ("Generation wall time of these settings: 98 min (batch 1), 22 min (batched) (target: <= 25 min"
             in readme.humaneval_markdown(tmp_path))
+    pd.read_csv(tmp_path / "04_batch_rerun.full.csv").assign(before_run="static batches of up to 8",
+                                                             after_run="continuous batching, 8 seats"
+                                                             ).to_csv(tmp_path / "04_batch_rerun.full.csv", index=False)
+    md = readme.humaneval_markdown(tmp_path)
+    assert "Rerun (continuous batching, 8 seats) against the earlier run (static batches of up to 8)" in md
+    assert "98 min (static batches of up to 8), 22 min (continuous batching, 8 seats)" in md
     pd.read_csv(tmp_path / "04_batch_rerun.full.csv").iloc[:1].to_csv(tmp_path / "04_batch_rerun.full.csv", index=False)
-    assert "; not rerun batched yet: +s (" in readme.humaneval_markdown(tmp_path)
+    assert "; not rerun yet: +s (" in readme.humaneval_markdown(tmp_path)
     df.to_csv(tmp_path / "07_humaneval.full.csv", index=False)
     pd.DataFrame([{"slave": "smollm2", "fuser": "+smollm2 fuser", "against": "master alone", "n": 96,
                    "delta_nll": -0.0123, "lo": -0.02, "hi": -0.004, "beats": True},
