@@ -73,7 +73,8 @@ def test_a_running_grid_shows_its_count_rate_and_time_left(tmp_path):
     assert "104/104" in p.grid_lines(now=41.0)[0]  # the end is always shown
 
 
-def test_run_cells_reports_each_batch_to_the_progress_file(tmp_path, monkeypatch):
+def test_run_cells_reports_each_finished_cell_to_the_progress_file(tmp_path, monkeypatch):
+    """One line per saved cell (a streaming grid saves each as its row ends; a batch's cells when it returns)."""
     from contextlib import nullcontext
 
     from fusionlab.cells import PROGRESS_ENV, Cell, CellCache, cell_key, run_cells
@@ -83,4 +84,4 @@ def test_run_cells_reports_each_batch_to_the_progress_file(tmp_path, monkeypatch
     run_cells(CellCache(tmp_path / "c.jsonl"), cells, nullcontext, lambda m, c: {"v": c.item}, "grid",
               compute_batch=lambda m, cs: [{"v": c.item} for c in cs], batch_size=2)
     rows = [json.loads(x) for x in (tmp_path / "p.jsonl").read_text().splitlines()]
-    assert [(r["done"], r["total"]) for r in rows] == [(2, 5), (4, 5), (5, 5)]
+    assert [(r["done"], r["total"]) for r in rows] == [(k, 5) for k in range(1, 6)]
