@@ -148,6 +148,12 @@ def paired(df: pd.DataFrame, baseline: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def streamed(df: pd.DataFrame) -> bool:
+    """True where every row was saved as its row ended (a streamed scheduler run), so each carries its share of the
+    run's seat-steps rather than a group's."""
+    return "seat_steps" in df and bool(df["seat_steps"].notna().all())
+
+
 def run_label(df: pd.DataFrame) -> str:
     """How a saved grid was generated, from its own columns: 'batch 1', 'static batches of up to B' (a batch decodes
     until its longest row ends) or 'continuous batching, B seats' (+ ', streamed' where each row was saved as it
@@ -156,8 +162,7 @@ def run_label(df: pd.DataFrame) -> str:
         return "batch 1"
     b = int(df["batch"].max())
     if "scheduler" in df and (df["scheduler"] == "continuous").all():
-        streamed = "seat_steps" in df and df["seat_steps"].notna().all()
-        return f"continuous batching, {b} seats" + (", streamed" if streamed else "")
+        return f"continuous batching, {b} seats" + (", streamed" if streamed(df) else "")
     return f"static batches of up to {b}"
 
 
@@ -192,13 +197,13 @@ def batch_occupancy(df: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for setting, g in df[df["batch"] > 1].groupby("setting", sort=False):
         b = g.groupby(["seconds", "batch"])["new_tokens"].agg(["size", "sum", "max"])
-        if "seat_steps" in g and g["seat_steps"].notna().all():  # streamed rows
+        one_run = streamed(g)  # no batches to count: rows came one by one
+        if one_run:
             occ = g["busy_seat_steps"].sum() / g["seat_steps"].sum() if g["seat_steps"].sum() else float("nan")
         elif "occupancy" in g and g["occupancy"].notna().all():
             occ = float(g["occupancy"].mean())
         else:
             occ = b["sum"].sum() / (b["size"] * b["max"].clip(lower=1)).sum()
-        streamed = "seat_steps" in g and g["seat_steps"].notna().all()  # no batches to count: rows came one by one
-        rows.append({"setting": setting, "batches": float("nan") if streamed else len(b),
-                     "mean_rows": float("nan") if streamed else b["size"].mean(), "occupancy": occ})
+        rows.append({"setting": setting, "batches": float("nan") if one_run else len(b),
+                     "mean_rows": float("nan") if one_run else b["size"].mean(), "occupancy": occ})
     return pd.DataFrame(rows, columns=["setting", "batches", "mean_rows", "occupancy"])

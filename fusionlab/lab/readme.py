@@ -165,8 +165,7 @@ def humaneval_markdown(folder: Path | None = None, stem: str = "04_humaneval") -
     occ = he.batch_occupancy(df) if "batch" in df and (df["batch"] > 1).any() else None
     continuous = "scheduler" in df and (df["scheduler"] == "continuous").all()
     if occ is not None and continuous:
-        streamed = "seat_steps" in df and df["seat_steps"].notna().all()
-        how = ("every missing problem of a setting in one scheduler run, each saved as its row ends" if streamed
+        how = ("every missing problem of a setting in one scheduler run, each saved as its row ends" if he.streamed(df)
                else f"groups of {GROUP_SEATS} prompts per seat")
         batch = (f", continuous batching with {int(df['batch'].max())} seats (a finished row's seat goes to the next "
                  f"prompt; {how}): {occ['occupancy'].mean():.0%} of seat-steps decoded a row (per setting "
