@@ -1,4 +1,5 @@
-"""`fusionlab` command line: doctor, fetch, models, lab, ledger, rerun-diff, figures, open, preflight (alias align), kv."""
+"""`fusionlab` command line: doctor, fetch, models, lab, ledger, rerun-diff, offload-stage, figures, open, preflight (alias
+align), kv."""
 from __future__ import annotations
 
 import argparse
@@ -95,6 +96,23 @@ def cmd_rerun_diff(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_offload_stage(args: argparse.Namespace) -> int:
+    from ..experiments import nb10_offload as offload
+    from ..experiments.nb10_offload_stage import run_stage, table_name
+    from ..models.zoo import load
+    from .readme import write_ledger
+    from .results import save_table
+
+    def save(cells, table) -> None:  # after every rung: a stopped stage keeps what it finished
+        save_table(cells, table_name("cells", args.length))
+        save_table(table, table_name("ladder", args.length))
+        write_ledger()
+
+    table = run_stage(load(args.master), args.length, args.rungs or None, on_rung=save)
+    print(offload.summary(table).round(3).to_string(index=False))
+    return 0
+
+
 def cmd_figures(args: argparse.Namespace) -> int:
     from . import figures
 
@@ -187,6 +205,12 @@ def main(argv: list[str] | None = None) -> int:
     rd.add_argument("--before", required=True, help="the commit that saved the earlier run, e.g. a60cb00")
     rd.add_argument("--size", default="full", choices=["default", "full"])
     rd.set_defaults(fn=cmd_rerun_diff)
+    st = sub.add_parser("offload-stage", help="notebook 10's full offload plan at one length, rung by rung, resumable "
+                        "(writes 10_offload_ladder_<length>.full.csv after each rung and the README)")
+    st.add_argument("--length", type=int, required=True, help="one of the full plan's lengths: 256, 1024 or 2048")
+    st.add_argument("--rungs", nargs="*", help="default: every rung, the positive control and foreign families first")
+    st.add_argument("--master", default="qwen2.5-coder-0.5b-instruct")
+    st.set_defaults(fn=cmd_offload_stage)
     fg = sub.add_parser("figures", help="list exported figures: manifest, run size, PNG dpi, PDF fonts embedded")
     fg.add_argument("--rasterize", action="store_true", help="re-render PNGs below 300 dpi from their PDF")
     fg.set_defaults(fn=cmd_figures)

@@ -14,6 +14,7 @@ from ..analysis.stats import interval
 from ..engine.continuous import GROUP_SEATS
 from ..experiments import nb04_humaneval as he
 from ..paths import bench_results_dir, notebooks_dir, readme_path
+from .readme_continuous import continuous_markdown
 from .readme_transfer_map import fuser_control_markdown, offload_ladder_markdown, transfer_map_markdown
 from .readme_cluster import ray_markdown
 from .readme_learning_curve import learning_curve_markdown
@@ -298,7 +299,8 @@ def tests_markdown(folder: Path | None = None) -> str:
 
 def blocks() -> dict[str, str]:
     """Every generated README block, rendered from the saved results: name -> markdown."""
-    return {"ledger": ledger_markdown(ledger()), "bench": bench_markdown(), "loadtimes": loadtimes_markdown(),
+    return {"ledger": ledger_markdown(ledger()), "bench": bench_markdown(), "continuous": continuous_markdown(),
+            "loadtimes": loadtimes_markdown(),
             "projector": projector_markdown(), "humaneval": humaneval_markdown(),
             "reliability": reliability_markdown(), "labtimes": labtimes_markdown(), "fusers": fusers_markdown(),
             "transfermap": transfer_map_markdown(),

@@ -12,6 +12,9 @@ from ..analysis.stats import interval
 from ..experiments.nb10_claims import (beyond_skyline_sentence, control_verdict, nll_rung_verdict, relay_verdict,
                                        rung_verdict)
 from ..experiments.nb10_crossing import sentence
+from ..experiments.nb10_offload import offload_plan
+from ..experiments.nb10_offload_stage import stage_order, table_name
+from ..paths import results_dir
 from .results import best_table
 
 HEAD = ("| slave | KL (nats/token) | distance | transfer [95% CI] | vs other document (nats) | slave's own gain | "
@@ -93,21 +96,45 @@ def _acc(r: dict, col: str) -> str:
     return f"{r[col]:.0%} {interval(r[col + '_lo'], r[col + '_hi'], '.0%')}"
 
 
+def _offload_rows(df: pd.DataFrame) -> list[str]:
+    return [f"| {r['slave']} | {_acc(r, 'floor')} | {_acc(r, 'skyline')} | {_acc(r, 'ceiling')} | "
+            f"{_acc(r, 'offload')} | {_acc(r, 'control')} | {_cell(r, 'transfer', 'lo', 'hi')} | "
+            f"{r['p_value']:.2g} | {rung_verdict(r)} |" for r in df.to_dict("records")]
+
+
 def offload_ladder_markdown(folder: Path | None = None) -> str:
     """Notebook 10's offload accuracy on synthetic facts, one row per rung (`nb10_offload.accuracy_table`), each
-    verdict from `nb10_claims.rung_verdict` on the same row."""
+    verdict from `nb10_claims.rung_verdict` on the same row; then the full plan's stages, one table per length."""
     got = _table("10_offload_ladder", OFFLOAD_HEAD, folder)
     if got is None:
         return NOT_YET
     df, size, lines = got
-    for r in df.to_dict("records"):
-        lines.append(f"| {r['slave']} | {_acc(r, 'floor')} | {_acc(r, 'skyline')} | {_acc(r, 'ceiling')} | "
-                     f"{_acc(r, 'offload')} | {_acc(r, 'control')} | {_cell(r, 'transfer', 'lo', 'hi')} | "
-                     f"{r['p_value']:.2g} | {rung_verdict(r)} |")
-    return "\n".join(lines) + (
+    return "\n".join(lines + _offload_rows(df)) + (
         f"\n\nfrom `data/results/10_offload_ladder.{size}.csv`: {int(df['n'].min())} items per setting (synthetic "
         "facts, English and Chinese, one document each), Wilson 95 % CIs; transfer = (offload − floor) / (skyline − "
-        "floor), paired bootstrap over items; McNemar: offload against the slave reading another document.")
+        "floor), paired bootstrap over items; McNemar: offload against the slave reading another document."
+    ) + offload_stages_markdown(folder)
+
+
+def offload_stages_markdown(folder: Path | None = None) -> str:
+    """The full plan's offload stages saved so far (`fusionlab offload-stage`), one table per length; '' if none."""
+    plan = offload_plan("full")
+    every = len(stage_order(plan))
+    saved = {n: Path(folder or results_dir()) / f"{table_name('ladder', n)}.csv" for n in plan.lengths}
+    blocks = []
+    for length, f in saved.items():
+        if not f.exists():
+            continue
+        df = pd.read_csv(f)
+        blocks.append(
+            f"\n\nThe full plan at {length} tokens ({len(df)} of {every} rungs so far, "
+            f"`fusionlab offload-stage --length {length}`; from `data/results/{f.name}`, "
+            f"{int(df['n'].min())} items per setting):\n\n" +
+            "\n".join([OFFLOAD_HEAD, "|" + "---|" * (OFFLOAD_HEAD.count("|") - 1), *_offload_rows(df)]))
+    missing = [n for n, f in saved.items() if not f.exists()]
+    if blocks and missing:
+        blocks.append(f"\n\nNot run yet at {', '.join(map(str, missing))} tokens.")
+    return "".join(blocks)
 
 
 CONTROL_HEAD = ("| slave | gate parametrisation | gate start → end | held-out transfer [95% CI] | training-free start | "

@@ -98,3 +98,36 @@ def test_a_distractor_is_about_a_place_no_reader_could_confuse_with_the_needles(
         assert place[0] != other[0]  # not Seluholm beside Saleholm
     for f in facts(30, "zh"):
         assert not set(f.question[:2]) & set(f.distractor[:2])
+
+
+def test_a_stage_computes_the_plans_own_cells_rung_by_rung(tiny, tmp_path):
+    from fusionlab.experiments import nb10_offload_stage as stage
+
+    m = tiny("tiny-qwen2")
+    (tmp_path / "en.txt").write_text(HAY)
+    hays = {"en": str(tmp_path / "en.txt")}
+    plan = lad.OffloadPlan(["noise:0", "prune:2", "noise:0.1"], [], 3, [200, 240], langs=("en",), max_new_tokens=4)
+    assert stage.stage_order(plan) == ["noise:0", "noise:0.1", "prune:2"]  # FIRST's rungs first, then ladder order
+    built = stage.stage_items(m, plan, 200, hays)
+    whole = [it for it in lad.items(m, plan, hays) if it.length == 200]
+    alone = lad.items(m, lad.OffloadPlan(plan.rungs, [], 3, [200], langs=("en",)), hays)
+    assert [(it.id, it.decoy) for it in built] == [(it.id, it.decoy) for it in whole]  # the plan's own controls,
+    assert [it.decoy for it in alone] != [it.decoy for it in whole]  # which one length built alone would not give
+    saved = []
+    table = stage.run_stage(m, 200, ["noise:0", "prune:2"], plan, cache=tmp_path / "c.jsonl", haystacks=hays,
+                            on_rung=lambda cells, t: saved.append((len(cells), t["slave"].tolist())))
+    # floor and skyline once, then the ceiling, offload and control of each rung, 3 items each, saved after each rung
+    assert saved == [(3 * 2 + 3 * 3, ["noise:0"]), (3 * 2 + 6 * 3, ["noise:0", "prune:2"])]
+    assert table["slave"].tolist() == ["noise:0", "prune:2"]
+    before = (tmp_path / "c.jsonl").read_text()
+    again = lad.offload_ladder(m, ["prune:2"], {}, built, 4, cache=tmp_path / "c.jsonl")  # the notebook's own call
+    assert len(again) == 3 * 2 + 3 * 3 and (tmp_path / "c.jsonl").read_text() == before  # all read back, none redone
+
+
+@pytest.mark.parametrize("kw", [{"length": 999}, {"length": 200, "rungs": ["noise:0.5"]}])
+def test_a_bad_stage_request_says_what_to_change(tiny, kw):
+    from fusionlab.experiments import nb10_offload_stage as stage
+
+    plan = lad.OffloadPlan(["noise:0"], [], 2, [200], langs=("en",))
+    with pytest.raises(FusionLabError, match="length=999|noise:0.5"):
+        stage.run_stage(tiny("tiny-qwen2"), plan=plan, **kw)

@@ -28,3 +28,8 @@ def test_errors_exit_2(capsys):
     assert "seq_len and batch must be positive" in capsys.readouterr().err
     assert main(["align", "nope", "tiny-qwen2"]) == 2
     assert "unknown model 'nope'" in capsys.readouterr().err
+
+
+def test_an_offload_stage_at_a_length_outside_the_plan_exits_2(capsys):
+    assert main(["offload-stage", "--length", "999", "--master", "tiny-qwen2"]) == 2
+    assert "length=999 is not in the plan's lengths [256, 1024, 2048]" in capsys.readouterr().err

@@ -226,6 +226,12 @@ def test_offload_ladder_and_fuser_control_blocks_from_saved_tables(tmp_path):
     assert rows[2] == ("| noise:0 | 0% [0%, 10%] | 80% [70%, 90%] | 80% [70%, 90%] | 75% [65%, 85%] | 5% [0%, 15%] | "
                        "0.94 [0.80, 1.00] | 1e-06 | transfers |")
     assert "40 items per setting" in rows[-1]
+    pd.DataFrame([{"slave": "noise:0", "n": 120, **acc, "transfer": 0.94, "lo": 0.8, "hi": 1.0, "p_value": 1e-6,
+                   "acc_setting": 0.75, "acc_control": 0.05}]).to_csv(tmp_path / "10_offload_ladder_256.full.csv",
+                                                                      index=False)
+    text = offload_ladder_markdown(tmp_path)  # a stage of the full plan follows the notebook's own table
+    assert "The full plan at 256 tokens (1 of 14 rungs so far" in text and "120 items per setting" in text
+    assert text.count("| noise:0 |") == 2 and text.endswith("Not run yet at 1024, 2048 tokens.")
     pd.DataFrame([{"rung": "noise:0", "opening": "log", "gate_start": 0.135, "gate_end": 0.5, "transfer": 0.9,
                    "lo": 0.8, "hi": 1.0, "start_transfer": 0.8, "start": "identity", "control_transfer": 0.0,
                    "control_hi": 0.1, "shuffled_transfer": 0.05, "shuffled_hi": 0.2,
@@ -271,3 +277,28 @@ def test_learning_curve_block_from_saved_tables(tmp_path):
     assert "| run | tokens | against | seed 0 | seed 1 |" in lines
     row = next(x for x in lines if x.startswith("| fuser r32 | 10K | constant |"))
     assert row.split(" | ")[3].startswith("+0.2") and row.split(" | ")[4].startswith("+0.7")  # each seed its own
+
+
+def test_continuous_batching_bullets_come_from_the_benchmarks_json(tmp_path):
+    from fusionlab.lab.readme_continuous import continuous_markdown
+
+    assert continuous_markdown(tmp_path).startswith("_Not measured yet")
+    wall = {"transformers": [200.0, 180.0], "ours continuous": [150.4, 140.6], "ours static": [1.0, 1.0],
+            "ours continuous, stop strings": [60.0, 70.0], "ours static, stop strings": [100.0, 110.0]}
+    (tmp_path / "continuous.json").write_text(json.dumps({
+        "date": "2026-01-02", "prompts": 24, "seats": 8, "max_new_tokens": 128, "threads": 2, "reps": 2,
+        "wall_s": wall, "tok_per_s": {"transformers": 17.4, "ours continuous": 20.6},
+        "ours_continuous_over_transformers_wall": 291 / 380, "completions_agreeing_with_transformers": "23 of 24",
+        "continuous_over_static_wall_with_stop_strings": 130 / 210, "occupancy_with_stop_strings": 0.751,
+        "continuous_over_static_wall": 1.06}))
+    text = continuous_markdown(tmp_path)
+    assert "ours takes **0.77×** its wall time (150 / 141 s against 200 / 180 s; 21 vs 17 tok/s)" in text
+    assert "23 of 24 completions identical" in text and "0.62× the wall time of static batches of 8" in text
+    assert "75% of seat-steps were busy" in text and "streamed" not in text
+    (tmp_path / "streaming.json").write_text(json.dumps({
+        "date": "2026-01-03", "prompts": 48, "seats": 8, "group_seats": 4, "max_new_tokens": 256, "reps": 2,
+        "runs": [{"how": "grouped", "occupancy": 0.76}, {"how": "streamed", "occupancy": 0.81}],
+        "streamed_over_grouped_wall": [0.923, 0.966], "same_completions": False}))
+    last = continuous_markdown(tmp_path).splitlines()[-1]
+    assert "groups of 32" in last and "0.92× and 0.97× the wall time, 81% of seat-steps busy against 76%" in last
+    assert last.endswith("**completions differ**.")

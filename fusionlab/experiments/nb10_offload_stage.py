@@ -1,0 +1,83 @@
+"""The full plan's offload accuracy, one length at a time: a run that takes more sittings than one.
+
+Notebook 10's full offload plan (every rung, 120 synthetic facts, at 256 / 1K / 2K tokens) is tens of hours of fp32
+generation on a 2-core CPU, so it cannot wait for one notebook run. A *stage* computes the full plan's cells at one
+length, rung after rung in `stage_order` (the positive control, then the foreign families, then the rungs where the
+NLL map breaks), and after each rung hands the cells and the accuracy table over the rungs finished so far to
+`on_rung` (`fusionlab offload-stage` saves them as `10_offload_cells_<length>.full` and
+`10_offload_ladder_<length>.full`). Its cells are the notebook's own (same items, decoys and cache keys), so a stage
+resumes from the cell cache and the notebook's full run later reads them back instead of recomputing.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+
+from ..engine.fit import fit_lstsq
+from ..engine.lm import LM
+from ..errors import FusionLabError
+from ..models.zoo import load
+from . import nb07_corpora as corpora
+from . import nb10_finetune as finetune
+from . import nb10_offload as offload
+
+FIRST = ("noise:0", "smollm2-135m-instruct", "gemma3-270m", "int4", "noise:0.1", "noise:0.2", "prune:4")
+"""Rungs a partial stage should hold first: the exact copy (the positive control every null needs), the foreign
+families (the central null), and the rungs either side of where NLL transfer breaks. The rest follow in ladder order."""
+
+
+def stage_order(plan: offload.OffloadPlan) -> list[str]:
+    """Every rung and foreign slave of `plan`, the `FIRST` ones first."""
+    every = [*plan.rungs, *plan.foreign]
+    return [r for r in FIRST if r in every] + [r for r in every if r not in FIRST]
+
+
+def stage_items(master: LM, plan: offload.OffloadPlan, length: int,
+                haystacks: dict[str, str] | None = None) -> list:
+    """The plan's items at one length, built with all its lengths (a decoy depends on the item's place in the whole
+    plan, so building one length alone would give other controls and other cache keys)."""
+    if length not in plan.lengths:
+        raise FusionLabError(f"length={length} is not in the plan's lengths {plan.lengths}; pick one of them.")
+    return [it for it in offload.items(master, plan, haystacks) if it.length == length]
+
+
+def table_name(kind: str, length: int, size: str = "full") -> str:
+    """`10_offload_<kind>_<length>.<size>`: kind 'cells' or 'ladder'."""
+    return f"10_offload_{kind}_{length}.{size}"
+
+
+def run_stage(master: LM, length: int, rungs: list[str] | None = None, plan: offload.OffloadPlan | None = None,
+              cache: Path | None = None, on_rung: Callable[[pd.DataFrame, pd.DataFrame], Any] | None = None,
+              load_slave: Callable[[str], LM] = load, haystacks: dict[str, str] | None = None) -> pd.DataFrame:
+    """Compute `plan`'s (default: the full plan's) cells at `length` for `rungs` (default: all, in `stage_order`;
+    fine-tuned siblings are trained first where their weights are missing), calling `on_rung(cells, table)` after each
+    rung. Returns the accuracy table over every rung this call computed or read back."""
+    plan = plan or offload.offload_plan("full")
+    order = stage_order(plan)
+    rungs = order if rungs is None else rungs
+    unknown = [r for r in rungs if r not in order]
+    if unknown:
+        raise FusionLabError(f"rungs={unknown} are not in the plan; use some of {order}.")
+    items = stage_items(master, plan, length, haystacks)
+    labels = [r.split("-")[0] if r in plan.foreign else r for r in order]  # how accuracy_table names a slave
+    parts: list[pd.DataFrame] = []
+    table = pd.DataFrame()
+    for r in rungs:
+        t0 = time.perf_counter()
+        if r in plan.foreign:
+            lm = load_slave(r)
+            pair = {r.split("-")[0]: (lm, fit_lstsq(master, lm))}
+            parts.append(offload.offload_ladder(master, [], pair, items, plan.max_new_tokens, cache))
+            del lm, pair
+        else:
+            finetune.ensure(master, [r], corpora.documents())
+            parts.append(offload.offload_ladder(master, [r], {}, items, plan.max_new_tokens, cache))
+        cells = pd.concat(parts, ignore_index=True).drop_duplicates(["setting", "item"]).reset_index(drop=True)
+        table = offload.accuracy_table(cells, labels)
+        if on_rung is not None:
+            on_rung(cells, table)
+        print(f"{r}: {time.perf_counter() - t0:.0f} s, {len(table)} rungs in the table", flush=True)
+    return table

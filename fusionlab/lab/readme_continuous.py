@@ -1,0 +1,55 @@
+"""The README's continuous-batching measurements, rendered from the benchmarks' JSON (never copied by hand):
+`bench_continuous.py` (ours against transformers' `generate_batch`, continuous against static batches) and
+`bench_streaming.py` (a grid streamed through one scheduler run against groups)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..paths import bench_results_dir
+
+
+def _seconds(runs: list[float]) -> str:
+    return " / ".join(f"{s:.0f}" for s in runs)
+
+
+def _continuous(r: dict) -> list[str]:
+    w, tps, seats = r["wall_s"], r["tok_per_s"], r["seats"]
+    return [
+        f"Measured (`benchmarks/bench_continuous.py`, {r['date']}; Qwen alone, {r['prompts']} HumanEval prompts, "
+        f"{seats} seats for both schedulers, {r['max_new_tokens']} new tokens, {r['threads']} threads, {r['reps']} runs "
+        "each, in turns; `benchmarks/results/continuous.json`):",
+        "- Against transformers' own continuous batching (`generate_batch`, paged cache; EOS only, since it takes no "
+        f"stop strings, so every row ran its {r['max_new_tokens']} tokens), ours takes "
+        f"**{r['ours_continuous_over_transformers_wall']:.2f}×** its wall time ({_seconds(w['ours continuous'])} s "
+        f"against {_seconds(w['transformers'])} s; {tps['ours continuous']:.0f} vs {tps['transformers']:.0f} tok/s), "
+        f"with {r['completions_agreeing_with_transformers']} completions identical.",
+        "- With HumanEval's stop strings, where rows end at different steps, the scheduler takes "
+        f"{r['continuous_over_static_wall_with_stop_strings']:.2f}× the wall time of static batches of {seats} "
+        f"({_seconds(w['ours continuous, stop strings'])} s against {_seconds(w['ours static, stop strings'])} s) for "
+        f"the same completions; {r['occupancy_with_stop_strings']:.0%} of seat-steps were busy (the last rows decode "
+        f"alone). Without stop strings every row runs to {r['max_new_tokens']} tokens and continuous takes "
+        f"{r['continuous_over_static_wall']:.2f}× static (each prompt prefilled alone; nothing to refill).",
+    ]
+
+
+def _streaming(r: dict) -> str:
+    occ = {run["how"]: run["occupancy"] for run in r["runs"]}
+    ratios = " and ".join(f"{x:.2f}×" for x in r["streamed_over_grouped_wall"])
+    same = "same completions" if r["same_completions"] else "**completions differ**"
+    return (f"- A grid's prompts in one streamed scheduler run against groups of {r['group_seats'] * r['seats']} "
+            f"(`benchmarks/bench_streaming.py`, {r['date']}; {r['prompts']} HumanEval prompts, {r['seats']} seats, "
+            f"{r['max_new_tokens']} new tokens, stop strings, {r['reps']} runs in turns; "
+            f"`benchmarks/results/streaming.json`): {ratios} the wall time, {occ['streamed']:.0%} of seat-steps busy "
+            f"against {occ['grouped']:.0%}, {same}.")
+
+
+def continuous_markdown(folder: Path | None = None) -> str:
+    """The measured bullets of the README's continuous-batching paragraph, from whichever benchmark JSON exists."""
+    folder = Path(folder or bench_results_dir())
+    lines: list[str] = []
+    for name, render in (("continuous.json", _continuous), ("streaming.json", lambda r: [_streaming(r)])):
+        f = folder / name
+        if f.exists():
+            lines += render(json.loads(f.read_text()))
+    return "\n".join(lines) or "_Not measured yet: run `python benchmarks/bench_continuous.py`._"
