@@ -50,8 +50,14 @@ def default_cache() -> Path:
     return cache_dir() / "humaneval.jsonl"
 
 
+SEATS = 16
+"""HumanEval's seats: a decode step on CPU is bound by reading the weights, so 16 rows a step cost about what 8 do
+(`benchmarks/bench_seats.py`: 0.76x the wall time of 8 seats for the master alone and for the bus, the same
+completions; 32 seats gained nothing more)."""
+
+
 def generate_all(name: str, key: str, build: Callable[[], FusedModel], tasks: list[dict[str, Any]],
-                 max_new_tokens: int = 256, cache: Path | None = None, batch_size: int = 8,
+                 max_new_tokens: int = 256, cache: Path | None = None, batch_size: int = SEATS,
                  temperature: float | None = None, samples: int = 1) -> pd.DataFrame:
     """Greedy completions of each task's prompt (raw continuation, standard stop strings), cached; `batch_size`
     seats of continuous batching (a finished row's seat goes to the next prompt; each row equals its prompt alone),

@@ -23,6 +23,7 @@ from ..models.zoo import load
 from . import nb07_corpora as corpora
 from . import nb10_finetune as finetune
 from . import nb10_offload as offload
+from .nb06_offload import Item
 
 FIRST = ("noise:0", "smollm2-135m-instruct", "gemma3-270m", "int4", "noise:0.1", "noise:0.2", "prune:4")
 """Rungs a partial stage should hold first: the exact copy (the positive control every null needs), the foreign
@@ -36,7 +37,7 @@ def stage_order(plan: offload.OffloadPlan) -> list[str]:
 
 
 def stage_items(master: LM, plan: offload.OffloadPlan, length: int,
-                haystacks: dict[str, str] | None = None) -> list:
+                haystacks: dict[str, str] | None = None) -> list[Item]:
     """The plan's items at one length, built with all its lengths (a decoy depends on the item's place in the whole
     plan, so building one length alone would give other controls and other cache keys)."""
     if length not in plan.lengths:

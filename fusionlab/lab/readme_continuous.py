@@ -1,6 +1,7 @@
 """The README's continuous-batching measurements, rendered from the benchmarks' JSON (never copied by hand):
-`bench_continuous.py` (ours against transformers' `generate_batch`, continuous against static batches) and
-`bench_streaming.py` (a grid streamed through one scheduler run against groups)."""
+`bench_continuous.py` (ours against transformers' `generate_batch`, continuous against static batches),
+`bench_streaming.py` (a grid streamed through one scheduler run against groups) and `bench_seats.py` (how many
+seats a grid should use)."""
 from __future__ import annotations
 
 import json
@@ -44,11 +45,29 @@ def _streaming(r: dict) -> str:
             f"against {occ['grouped']:.0%}, {same}.")
 
 
+SETTING_NAMES = {"alone": "the master alone", "bus": "the bus"}
+
+
+def _seats(r: dict) -> str:
+    first = str(r["seats"][0])
+    per = []
+    for setting, by_seats in r["settings"].items():
+        cmp = ", ".join(f"{s} seats {v['wall_over_first']:.2f}×" for s, v in by_seats.items() if s != first)
+        occ = " / ".join(f"{v['occupancy']:.0%}" for v in by_seats.values())
+        diff = " / ".join(str(v["differing_from_first"]) for s, v in by_seats.items() if s != first)
+        per.append(f"{SETTING_NAMES.get(setting, setting)} ({by_seats[first]['tokens']} tokens): {cmp} the wall time "
+                   f"of {first} seats, {occ} of seat-steps busy, completions differing from {first} seats: {diff}")
+    return (f"- Seats per grid (`benchmarks/bench_seats.py`, {r['date']}; {r['prompts']} HumanEval prompts streamed "
+            f"through one scheduler run, {r['max_new_tokens']} new tokens, stop strings, {r['reps']} runs in turns; "
+            f"`benchmarks/results/seats.json`): " + "; ".join(per) + ".")
+
+
 def continuous_markdown(folder: Path | None = None) -> str:
     """The measured bullets of the README's continuous-batching paragraph, from whichever benchmark JSON exists."""
     folder = Path(folder or bench_results_dir())
     lines: list[str] = []
-    for name, render in (("continuous.json", _continuous), ("streaming.json", lambda r: [_streaming(r)])):
+    for name, render in (("continuous.json", _continuous), ("streaming.json", lambda r: [_streaming(r)]),
+                         ("seats.json", lambda r: [_seats(r)])):
         f = folder / name
         if f.exists():
             lines += render(json.loads(f.read_text()))

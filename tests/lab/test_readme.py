@@ -302,3 +302,19 @@ def test_continuous_batching_bullets_come_from_the_benchmarks_json(tmp_path):
     last = continuous_markdown(tmp_path).splitlines()[-1]
     assert "groups of 32" in last and "0.92× and 0.97× the wall time, 81% of seat-steps busy against 76%" in last
     assert last.endswith("**completions differ**.")
+
+
+def test_the_seats_benchmark_renders_each_setting_against_its_first_seat_count(tmp_path):
+    from fusionlab.lab.readme_continuous import continuous_markdown
+
+    one = lambda ratio, occ, diff: {"wall_s": [1.0, 1.0], "tokens": 4000, "occupancy": occ,  # noqa: E731
+                                    "differing_from_first": diff, "wall_over_first": ratio}
+    (tmp_path / "seats.json").write_text(json.dumps({
+        "date": "2026-01-04", "prompts": 32, "seats": [8, 16], "max_new_tokens": 256, "reps": 2,
+        "settings": {"alone": {"8": one(1.0, 0.8, 0), "16": one(0.61, 0.7, 0)},
+                     "bus": {"8": one(1.0, 0.8, 0), "16": one(0.74, 0.66, 2)}}}))
+    text = continuous_markdown(tmp_path)
+    assert text.startswith("- Seats per grid (`benchmarks/bench_seats.py`, 2026-01-04; 32 HumanEval prompts")
+    assert ("the master alone (4000 tokens): 16 seats 0.61× the wall time of 8 seats, 80% / 70% of seat-steps busy, "
+            "completions differing from 8 seats: 0; the bus (4000 tokens): 16 seats 0.74×") in text
+    assert text.endswith("completions differing from 8 seats: 2.")
