@@ -63,21 +63,21 @@ def run_stage(master: LM, length: int, rungs: list[str] | None = None, plan: off
     if unknown:
         raise FusionLabError(f"rungs={unknown} are not in the plan; use some of {order}.")
     items = stage_items(master, plan, length, haystacks)
-    labels = [r.split("-")[0] if r in plan.foreign else r for r in order]  # how accuracy_table names a slave
+    label = {r: r.split("-")[0] if r in plan.foreign else r for r in order}  # a slave's name in the cells' settings
     parts: list[pd.DataFrame] = []
     table = pd.DataFrame()
     for r in rungs:
         t0 = time.perf_counter()
         if r in plan.foreign:
             lm = load_slave(r)
-            pair = {r.split("-")[0]: (lm, fit_lstsq(master, lm))}
+            pair = {label[r]: (lm, fit_lstsq(master, lm))}
             parts.append(offload.offload_ladder(master, [], pair, items, plan.max_new_tokens, cache))
             del lm, pair
         else:
             finetune.ensure(master, [r], corpora.documents())
             parts.append(offload.offload_ladder(master, [r], {}, items, plan.max_new_tokens, cache))
         cells = pd.concat(parts, ignore_index=True).drop_duplicates(["setting", "item"]).reset_index(drop=True)
-        table = offload.accuracy_table(cells, labels)
+        table = offload.accuracy_table(cells, list(label.values()))
         if on_rung is not None:
             on_rung(cells, table)
         print(f"{r}: {time.perf_counter() - t0:.0f} s, {len(table)} rungs in the table", flush=True)
