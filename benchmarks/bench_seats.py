@@ -54,7 +54,7 @@ def main() -> None:
     if "bus" in a.settings:
         for name in SLAVES:
             lm = fl.load(name)
-            parts[name.split("-")[0]] = (lm, fl.fit_lstsq(master, lm))
+            parts[fl.short_name(name)] = (lm, fl.fit_lstsq(master, lm))
     builds = {"alone": lambda: fl.fuse(master, []), "bus": lambda: fl.fuse(master, bus.slaves_for(parts))}
     result = {}
     for setting in a.settings:

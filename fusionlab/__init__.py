@@ -27,12 +27,12 @@ from .engine.slave import Slave
 from .engine.spec import ModelSpec, RopeSpec
 from .training import FuserConfig, LearnedFuser, TrainChunk, TrainConfig, TrainResult, train_fuser
 from . import models
-from .models.zoo import load
+from .models.zoo import load, short_name
 from .lab import results, viz
 from .lab import ray_cells  # registers the 'ray' back end of run_cells; Ray itself is imported only on use
 
 __all__ = ["AlignmentReport", "ContextTooLong", "FuserConfig", "FusionLabError", "FusedModel", "HeadsProjector",
            "IdentityProjector", "LM", "LayerMap", "LearnedFuser", "LstsqProjector", "ModelSpec", "RopeSpec", "Slave",
            "TrainChunk", "TrainConfig", "TrainResult", "__version__", "capture_attention", "check_alignment",
-           "evaluate", "fit", "fit_lstsq", "fuse", "kv", "load", "models", "ray_cells", "results", "stats", "train_fuser",
+           "evaluate", "fit", "fit_lstsq", "fuse", "kv", "load", "models", "ray_cells", "results", "short_name", "stats", "train_fuser",
            "viz"]

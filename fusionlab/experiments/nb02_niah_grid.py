@@ -24,7 +24,7 @@ from ..engine.lm import LM
 from ..engine.slave import Slave
 from ..errors import FusionLabError
 from ..models.variants import rope_variant
-from ..models.zoo import load
+from ..models.zoo import load, short_name
 from ..paths import cache_dir
 from .nb02_niah import Needle, build_context, load_haystack, load_needles, prompt_for, score
 
@@ -182,7 +182,7 @@ def rope_settings(master: LM, variants: list[dict[str, Any]], cross: LM | None =
             return fuse(master, [Slave(cross, layer_map=p.layer_map, projector=p, align="mean", rope=rope)])
 
         for rope, how in (("slave", "naive"), ("master", "re-rotated")):
-            out.append(Setting(f"+{cross.name.split('-')[0]}, {how}", lambda rope=rope: build_cross(rope),
+            out.append(Setting(f"+{short_name(cross.name)}, {how}", lambda rope=rope: build_cross(rope),
                                f"cross|{fp}|{cross.fingerprint[:12]}|{rope}"))
     return out
 

@@ -19,7 +19,7 @@ import pandas as pd
 from ..engine.fit import fit_lstsq
 from ..engine.lm import LM
 from ..errors import FusionLabError
-from ..models.zoo import load
+from ..models.zoo import load, short_name
 from . import nb07_corpora as corpora
 from . import nb10_finetune as finetune
 from . import nb10_offload as offload
@@ -63,7 +63,7 @@ def run_stage(master: LM, length: int, rungs: list[str] | None = None, plan: off
     if unknown:
         raise FusionLabError(f"rungs={unknown} are not in the plan; use some of {order}.")
     items = stage_items(master, plan, length, haystacks)
-    label = {r: r.split("-")[0] if r in plan.foreign else r for r in order}  # a slave's name in the cells' settings
+    label = {r: short_name(r) if r in plan.foreign else r for r in order}  # a slave's name in the cells' settings
     parts: list[pd.DataFrame] = []
     table = pd.DataFrame()
     for r in rungs:

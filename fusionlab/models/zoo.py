@@ -233,6 +233,13 @@ def _load_pretrained(path: str, dtype: torch.dtype, attn: str, fix: str):
     return model.eval(), tok
 
 
+def short_name(name: str) -> str:
+    """The name a model goes by in settings, tables and figures: its family, the file name's part before the first
+    hyphen ('smollm2-135m-instruct' -> 'smollm2'; a path or hub id by its last part). One rule, so a cell written by
+    one notebook is found by another's label."""
+    return str(name).rstrip("/").rsplit("/", 1)[-1].split("-")[0]
+
+
 def load(name: str, dtype: str | torch.dtype | None = None, device: str = "cpu",
          attn_implementation: str = "sdpa") -> LM:
     """Load an embedded name, a tiny name, a local directory or a (locally cached) Hugging Face id."""

@@ -97,3 +97,10 @@ def test_a_model_loaded_under_inference_mode_loads_and_keeps_no_rebuild_recipe()
         lm = fl.load("tiny-llama")
     assert lm.rebuild_recipe() is None
     assert fl.load("tiny-llama").rebuild_recipe() is not None
+
+
+@pytest.mark.parametrize("name, short", [("smollm2-135m-instruct", "smollm2"), ("gemma3-270m", "gemma3"),
+                                         ("tiny-qwen2", "tiny"), ("HuggingFaceTB/SmolLM2-135M", "SmolLM2"),
+                                         ("/models/my-model/", "my"), ("qwen", "qwen")])
+def test_short_name_is_the_family_before_the_first_hyphen(name, short):
+    assert fl.short_name(name) == short
