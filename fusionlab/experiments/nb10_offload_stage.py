@@ -27,13 +27,27 @@ from .nb06_offload import Item
 
 FIRST = ("noise:0", "smollm2-135m-instruct", "gemma3-270m", "int4", "noise:0.1", "noise:0.2", "prune:4")
 """Rungs a partial stage should hold first: the exact copy (the positive control every null needs), the foreign
-families (the central null), and the rungs either side of where NLL transfer breaks. The rest follow in ladder order."""
+families (the central null), and the rungs either side of where NLL transfer breaks. The rest follow in ladder order.
+The NLL map's stage (`nb10_nll_stage`) walks the same order."""
 
 
-def stage_order(plan: offload.OffloadPlan) -> list[str]:
-    """Every rung and foreign slave of `plan`, the `FIRST` ones first."""
+def stage_order(plan: offload.OffloadPlan | Any) -> list[str]:
+    """Every rung and foreign slave of `plan` (an offload plan or the NLL map's `nb10_transfer_map.Plan`: both have
+    `.rungs` and `.foreign`), the `FIRST` ones first."""
     every = [*plan.rungs, *plan.foreign]
     return [r for r in FIRST if r in every] + [r for r in every if r not in FIRST]
+
+
+def stage_labels(plan: offload.OffloadPlan | Any) -> dict[str, str]:
+    """Each rung's name in the cells' settings and the tables: a sibling by its recipe, a foreign slave by its short
+    name (`fl.short_name`), which must tell the plan's slaves apart."""
+    label = {r: short_name(r) if r in plan.foreign else r for r in stage_order(plan)}
+    seen = pd.Series(list(label.values()))
+    if seen.duplicated().any():
+        raise FusionLabError(f"the plan's slaves {plan.foreign} share the short name "
+                             f"{seen[seen.duplicated()].iloc[0]!r} (the part before the first hyphen), so their cells "
+                             "would mix; give the models names that differ before the first hyphen.")
+    return label
 
 
 def stage_items(master: LM, plan: offload.OffloadPlan, length: int,
@@ -63,7 +77,7 @@ def run_stage(master: LM, length: int, rungs: list[str] | None = None, plan: off
     if unknown:
         raise FusionLabError(f"rungs={unknown} are not in the plan; use some of {order}.")
     items = stage_items(master, plan, length, haystacks)
-    label = {r: short_name(r) if r in plan.foreign else r for r in order}  # a slave's name in the cells' settings
+    label = stage_labels(plan)
     parts: list[pd.DataFrame] = []
     table = pd.DataFrame()
     for r in rungs:

@@ -188,12 +188,19 @@ def nll_ladder(master: LM, recipes: list[str], foreign: dict[str, tuple[LM, Lsts
     for label, pair in foreign.items():
         parts.append(rung(label, pair[0], foreign_settings(master, label, pair, kvcomm)))
     if bus and len(foreign) > 1:
-        grid = off.settings(master, foreign, bus=True, self_copy=False, ceilings=False)
-        grid = [st for st in grid if st.role in ("floor", "skyline", "bus") or
-                (st.role == "control" and st.control_of == "+" + " +".join(foreign))]
-        parts.append(nll.run(items, grid, cache).assign(rung=bus_label(foreign)))
+        parts.append(bus_rung(master, foreign, items, cache))
     df = pd.concat(parts, ignore_index=True)
     return df.drop_duplicates(["setting", "doc"]).reset_index(drop=True)  # floor / skyline: once
+
+
+def bus_rung(master: LM, foreign: dict[str, tuple[LM, LstsqProjector]], items: list[nll.Pair],
+             cache: Path | None = None) -> pd.DataFrame:
+    """The ladder's last rung: the foreign slaves all at once (notebook 06's bus), with floor, skyline and the bus's
+    different-document control."""
+    grid = off.settings(master, foreign, bus=True, self_copy=False, ceilings=False)
+    grid = [st for st in grid if st.role in ("floor", "skyline", "bus") or
+            (st.role == "control" and st.control_of == "+" + " +".join(foreign))]
+    return nll.run(items, grid, cache).assign(rung=bus_label(foreign))
 
 
 def ladder_table(cells: pd.DataFrame, div: pd.DataFrame, order: list[str]) -> pd.DataFrame:

@@ -1,5 +1,5 @@
-"""`fusionlab` command line: doctor, fetch, models, lab, ledger, rerun-diff, offload-stage, figures, open, preflight (alias
-align), kv."""
+"""`fusionlab` command line: doctor, fetch, models, lab, ledger, rerun-diff, offload-stage, nll-stage, figures, open,
+preflight (alias align), kv."""
 from __future__ import annotations
 
 import argparse
@@ -113,6 +113,23 @@ def cmd_offload_stage(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_nll_stage(args: argparse.Namespace) -> int:
+    from ..experiments import nb10_transfer_map as tm
+    from ..experiments.nb10_nll_stage import run_nll_stage, table_name
+    from ..models.zoo import load
+    from .readme import write_ledger
+    from .results import save_table
+
+    def save(cells, divergence, table) -> None:  # after every rung: a stopped stage keeps what it finished
+        for kind, df in (("cells", cells), ("divergence", divergence), ("map", table)):
+            save_table(df, table_name(kind))
+        write_ledger()
+
+    table = run_nll_stage(load(args.master), args.rungs or None, on_rung=save)
+    print(tm.summary(table).round(3).to_string(index=False))
+    return 0
+
+
 def cmd_figures(args: argparse.Namespace) -> int:
     from . import figures
 
@@ -211,6 +228,12 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--rungs", nargs="*", help="default: every rung, the positive control and foreign families first")
     st.add_argument("--master", default="qwen2.5-coder-0.5b-instruct")
     st.set_defaults(fn=cmd_offload_stage)
+    ns = sub.add_parser("nll-stage", help="notebook 10's full NLL transfer map, rung by rung, resumable (writes "
+                        "10_nll_stage_map.full.csv after each rung and the README)")
+    ns.add_argument("--rungs", nargs="*", help="default: every rung, the positive control and foreign families first, "
+                    "the bus ('bus') last")
+    ns.add_argument("--master", default="qwen2.5-coder-0.5b-instruct")
+    ns.set_defaults(fn=cmd_nll_stage)
     fg = sub.add_parser("figures", help="list exported figures: manifest, run size, PNG dpi, PDF fonts embedded")
     fg.add_argument("--rasterize", action="store_true", help="re-render PNGs below 300 dpi from their PDF")
     fg.set_defaults(fn=cmd_figures)

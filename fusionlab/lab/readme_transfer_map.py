@@ -13,7 +13,9 @@ from ..experiments.nb10_claims import (beyond_skyline_sentence, control_verdict,
                                        rung_verdict)
 from ..experiments.nb10_crossing import sentence
 from ..experiments.nb10_offload import offload_plan
+from ..experiments.nb10_nll_stage import stage_rungs, table_name as nll_stage_table
 from ..experiments.nb10_offload_stage import stage_order, table_name
+from ..experiments.nb10_transfer_map import plan as ladder_plan
 from ..paths import results_dir
 from .results import best_table
 
@@ -55,24 +57,37 @@ def transfer_map_markdown(folder: Path | None = None) -> str:
     if got is None:
         return NOT_YET
     df, size, lines = got
-    for r in df.to_dict("records"):
-        lines.append(
-            f"| {r['slave']} | {_cell(r, 'kl', spec='.3f')} | {_cell(r, 'distance', spec='.3f')} | "
+    n = int(df["n"].min())
+    return "\n".join(lines + _map_rows(df)) + (
+        f"\n\nfrom `data/results/10_transfer_map.{size}.csv`: {n} documents (one part A / part B pair each), paired "
+        "bootstrap over documents. transfer = share of the master's floor-to-skyline NLL gap (mean "
+        f"{df['gap'].iloc[0]:.2f} nats/token) the offload closes; vs other document = the control's NLL minus the "
+        "offload's; slave's own gain = its own gap from reading A as a share of the master's; distance = 1 − "
+        "layer-mean K/V R² after lstsq; through lstsq / KVComm layers / text relay: the same transfer through the "
+        "other channels." + _crossing(folder) + _by_domain(df, folder)) + nll_stage_markdown(folder)
+
+
+def _map_rows(df: pd.DataFrame) -> list[str]:
+    return [f"| {r['slave']} | {_cell(r, 'kl', spec='.3f')} | {_cell(r, 'distance', spec='.3f')} | "
             f"{_cell(r, 'transfer', 'lo', 'hi')} | "
             f"{_cell(r, 'vs_control', 'vs_control_low', 'vs_control_high', '+.2f')} | "
             f"{_cell(r, 'ceiling_share')} | {_cell(r, 'lstsq_transfer', 'lstsq_lo', 'lstsq_hi')} | "
             f"{_cell(r, 'kvcomm_transfer', 'kvcomm_lo', 'kvcomm_hi')} | "
             f"{_cell(r, 'relay_transfer', 'relay_lo', 'relay_hi')} | "
             f"{_cell(r, 'vs_relay', 'vs_relay_low', 'vs_relay_high', '+.2f')} | {nll_rung_verdict(r)} | "
-            f"{relay_verdict(r)} |")
-    n = int(df["n"].min())
-    return "\n".join(lines) + (
-        f"\n\nfrom `data/results/10_transfer_map.{size}.csv`: {n} documents (one part A / part B pair each), paired "
-        "bootstrap over documents. transfer = share of the master's floor-to-skyline NLL gap (mean "
-        f"{df['gap'].iloc[0]:.2f} nats/token) the offload closes; vs other document = the control's NLL minus the "
-        "offload's; slave's own gain = its own gap from reading A as a share of the master's; distance = 1 − "
-        "layer-mean K/V R² after lstsq; through lstsq / KVComm layers / text relay: the same transfer through the "
-        "other channels." + _crossing(folder) + _by_domain(df, folder))
+            f"{relay_verdict(r)} |" for r in df.to_dict("records")]
+
+
+def nll_stage_markdown(folder: Path | None = None) -> str:
+    """The full NLL plan's rungs saved so far (`fusionlab nll-stage`), nearest first; '' if none."""
+    f = Path(folder or results_dir()) / f"{nll_stage_table('map')}.csv"
+    if not f.exists():
+        return ""
+    df = pd.read_csv(f)
+    every = len(stage_rungs(ladder_plan("full")))
+    return (f"\n\nThe full plan ({len(df)} of {every} rungs so far, `fusionlab nll-stage`; from "
+            f"`data/results/{f.name}`, {int(df['n'].min())} documents, the same columns):\n\n" +
+            "\n".join([HEAD, "|" + "---|" * (HEAD.count("|") - 1), *_map_rows(df)]))
 
 
 def _crossing(folder: Path | None) -> str:

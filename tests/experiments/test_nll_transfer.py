@@ -266,3 +266,31 @@ def test_the_bus_is_the_last_rung_and_knows_what_its_best_slave_knows(tiny, tmp_
     fig = tm.plot_transfer_map(t)  # the bus has no single distance: left off the figure, kept in the table
     import matplotlib.pyplot as plt
     plt.close(fig)
+
+
+def test_an_nll_stage_computes_the_notebooks_own_cells_rung_by_rung(tiny, tmp_path):
+    from fusionlab.experiments import nb10_nll_stage as stage
+
+    m = tiny("tiny-qwen2")
+    docs = corpus(4)
+    plan = tm.Plan(["noise:0.1", "noise:0"], ["tiny-llama"], 4, 40, 16, 2, lstsq=False, relay_tokens=0, kvcomm=False)
+    assert stage.stage_rungs(plan) == ["noise:0", "noise:0.1", "tiny-llama"]  # the copy first; no bus for one slave
+    texts = [d.text[:400] for d in docs[:2]]
+    saved = []
+    table = stage.run_nll_stage(m, ["noise:0", "noise:0.1"], plan, docs, tmp_path / "c.jsonl", tmp_path / "d.jsonl",
+                                on_rung=lambda cells, div, t: saved.append((len(cells), list(div["recipe"]),
+                                                                           t["slave"].tolist())),
+                                load_slave=tiny, texts=texts)
+    # floor and skyline once (4 documents), then each rung's offload, ceiling and different-document control
+    assert saved == [(4 * 2 + 4 * 3, ["noise:0"], ["noise:0"]),
+                     (4 * 2 + 8 * 3, ["noise:0", "noise:0.1"], ["noise:0", "noise:0.1"])]
+    assert table.set_index("slave").loc["noise:0", "transfer"] == pytest.approx(1.0, abs=1e-3)  # the exact anchor
+    before = (tmp_path / "c.jsonl").read_text()
+    again = tm.nll_ladder(m, ["noise:0", "noise:0.1"], {}, nll.pairs(m.tokenizer, docs, 40, 16, 4),
+                          tmp_path / "c.jsonl")  # the notebook's own call: every cell read back, none redone
+    assert len(again) == 4 * 2 + 8 * 3 and (tmp_path / "c.jsonl").read_text() == before
+    with pytest.raises(FusionLabError, match="noise:0.5"):
+        stage.run_nll_stage(m, ["noise:0.5"], plan, docs)
+    twins = tm.Plan(["noise:0"], ["tiny-llama", "tiny-gemma3"], 4, 40, 16, 2)
+    with pytest.raises(FusionLabError, match="share the short name 'tiny'"):
+        stage.run_nll_stage(m, ["noise:0"], twins, docs)

@@ -33,3 +33,8 @@ def test_errors_exit_2(capsys):
 def test_an_offload_stage_at_a_length_outside_the_plan_exits_2(capsys):
     assert main(["offload-stage", "--length", "999", "--master", "tiny-qwen2"]) == 2
     assert "length=999 is not in the plan's lengths [256, 1024, 2048]" in capsys.readouterr().err
+
+
+def test_an_nll_stage_with_a_rung_outside_the_plan_exits_2(capsys):
+    assert main(["nll-stage", "--rungs", "noise:0.5", "--master", "tiny-qwen2"]) == 2
+    assert "rungs=['noise:0.5'] are not in the plan" in capsys.readouterr().err

@@ -186,6 +186,11 @@ def test_transfer_map_block_from_a_saved_ladder(tmp_path):
     assert rows[3].startswith("| smollm2 | - | 1.900 | -0.50 [-0.80, -0.20] |")  # no KL across tokenizers
     assert rows[3].endswith("| - | - | 0.20 [0.10, 0.30] | -0.70 [-0.90, -0.50] | does not transfer | the relay beats K/V |")
     assert "30 documents" in rows[-1] and "10_transfer_map.default.csv" in rows[-1]
+    stage = pd.read_csv(tmp_path / "10_transfer_map.default.csv").iloc[:1].assign(n=106)
+    stage.to_csv(tmp_path / "10_nll_stage_map.full.csv", index=False)  # a stage of the full plan follows the table
+    text = transfer_map_markdown(tmp_path)
+    assert "The full plan (1 of 16 rungs so far, `fusionlab nll-stage`" in text and "106 documents" in text
+    assert text.count("| noise:0 | 0.000 |") == 2 and text.endswith("| transfers | K/V beats the relay |")
 
 
 def test_transfer_map_block_adds_the_crossing_when_saved(tmp_path):

@@ -1,0 +1,99 @@
+"""The full plan's NLL transfer map, rung by rung: a run that takes more sittings than one.
+
+Notebook 10's full NLL plan (every rung and both foreign families on up to 60 documents per domain, part A of 256 and
+part B of 128 master tokens, each slave also through `lstsq`, KVComm's layers and a 64-token text relay) is about
+half a day of fp32 on a 2-core CPU. A *stage* computes it one rung at a time in `stage_order` (the exact copy, the
+foreign families, then the rungs where the default map breaks), the bus last, and after each rung hands the cells,
+the divergence rows and the map over the rungs finished so far to `on_rung` (`fusionlab nll-stage` saves them as
+`10_nll_stage_<kind>.full`). It makes the notebook's own calls with the notebook's own arguments, so its cells are
+the notebook's (same cache keys): a stage resumes from the cell cache, and the notebook's full run reads them back.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+
+from ..analysis.evaluate import heldout_paragraphs
+from ..engine.fit import fit_lstsq
+from ..engine.lm import LM
+from ..engine.projector import LstsqProjector
+from ..errors import FusionLabError
+from ..models.zoo import load
+from . import nb07_corpora as corpora
+from . import nb10_finetune as finetune
+from . import nb10_nll_transfer as nll
+from . import nb10_transfer_map as tm
+from .nb10_offload_stage import stage_labels, stage_order
+
+BUS = "bus"
+"""The rung name of the foreign slaves together (the map's last rung; its label in the tables is `tm.bus_label`)."""
+
+
+def stage_rungs(plan: tm.Plan) -> list[str]:
+    """Every rung of `plan` in stage order, the bus last where the plan has one."""
+    return stage_order(plan) + ([BUS] if plan.bus and len(plan.foreign) > 1 else [])
+
+
+def table_name(kind: str, size: str = "full") -> str:
+    """`10_nll_stage_<kind>.<size>`: kind 'cells', 'divergence' or 'map' (the ladder table over the rungs done)."""
+    return f"10_nll_stage_{kind}.{size}"
+
+
+def run_nll_stage(master: LM, rungs: list[str] | None = None, plan: tm.Plan | None = None,
+                  docs: list[corpora.Doc] | None = None, cache: Path | None = None,
+                  divergence_cache: Path | None = None,
+                  on_rung: Callable[[pd.DataFrame, pd.DataFrame, pd.DataFrame], Any] | None = None,
+                  load_slave: Callable[[str], LM] = load, texts: list[str] | None = None) -> pd.DataFrame:
+    """Compute `plan`'s (default: the full plan's) NLL cells and divergence for `rungs` (default: all, in
+    `stage_rungs`; fine-tuned siblings are trained first where their weights are missing), calling
+    `on_rung(cells, divergence, table)` after each rung. Returns the ladder table over the rungs this call did."""
+    plan = plan or tm.plan("full")
+    order = stage_rungs(plan)
+    rungs = order if rungs is None else rungs
+    unknown = [r for r in rungs if r not in order]
+    if unknown:
+        raise FusionLabError(f"rungs={unknown} are not in the plan; use some of {order}.")
+    label = stage_labels(plan)
+    label[BUS] = tm.bus_label({label[n]: None for n in plan.foreign})
+    docs = corpora.documents() if docs is None else docs
+    items = nll.pairs(master.tokenizer, docs, plan.a_tokens, plan.b_tokens, plan.per_domain)
+    texts = (heldout_paragraphs() if texts is None else texts)[:plan.divergence_texts]
+    kvcomm = tm.kvcomm_samples(texts) if plan.kvcomm else None
+    pairs: dict[str, tuple[LM, LstsqProjector]] = {}  # foreign slaves with their fits, kept for the bus
+
+    def foreign(name: str) -> tuple[LM, LstsqProjector]:
+        if name not in pairs:
+            lm = load_slave(name)
+            pairs[name] = (lm, fit_lstsq(master, lm))  # our calibration text, never the documents
+        return pairs[name]
+
+    def measure(rung: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+        if rung == BUS:
+            together = {label[n]: foreign(n) for n in plan.foreign}
+            return tm.bus_rung(master, together, items, cache), pd.DataFrame([tm.bus_divergence(together)])
+        if rung in plan.foreign:
+            cells = tm.nll_ladder(master, [], {label[rung]: foreign(rung)}, items, cache, plan.relay_tokens,
+                                  plan.lstsq, kvcomm)
+            return cells, pd.DataFrame([tm.foreign_divergence(label[rung], foreign(rung)[1])])
+        finetune.ensure(master, [rung], docs)
+        div = tm.measure_divergence(master, [rung], texts, lstsq=plan.lstsq, cache=divergence_cache)
+        return tm.nll_ladder(master, [rung], {}, items, cache, plan.relay_tokens, plan.lstsq, kvcomm), div
+
+    parts, divs, done = [], [], []
+    table = pd.DataFrame()
+    for r in rungs:
+        t0 = time.perf_counter()
+        cells, div = measure(r)
+        parts.append(cells)
+        divs.append(div)
+        done.append(label[r])
+        every = pd.concat(parts, ignore_index=True).drop_duplicates(["setting", "doc"]).reset_index(drop=True)
+        divergence = pd.concat(divs, ignore_index=True)
+        table = tm.ladder_table(every, divergence, done)
+        if on_rung is not None:
+            on_rung(every, divergence, table)
+        print(f"{r}: {time.perf_counter() - t0:.0f} s, {len(table)} rungs in the map", flush=True)
+    return table
