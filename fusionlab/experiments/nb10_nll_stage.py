@@ -20,13 +20,12 @@ from ..analysis.evaluate import heldout_paragraphs
 from ..engine.fit import fit_lstsq
 from ..engine.lm import LM
 from ..engine.projector import LstsqProjector
-from ..errors import FusionLabError
 from ..models.zoo import load
 from . import nb07_corpora as corpora
 from . import nb10_finetune as finetune
 from . import nb10_nll_transfer as nll
 from . import nb10_transfer_map as tm
-from .nb10_offload_stage import stage_labels, stage_order
+from .nb10_offload_stage import chosen_rungs, stage_labels, stage_order
 
 BUS = "bus"
 """The rung name of the foreign slaves together (the map's last rung; its label in the tables is `tm.bus_label`)."""
@@ -51,11 +50,7 @@ def run_nll_stage(master: LM, rungs: list[str] | None = None, plan: tm.Plan | No
     `stage_rungs`; fine-tuned siblings are trained first where their weights are missing), calling
     `on_rung(cells, divergence, table)` after each rung. Returns the ladder table over the rungs this call did."""
     plan = plan or tm.plan("full")
-    order = stage_rungs(plan)
-    rungs = order if rungs is None else rungs
-    unknown = [r for r in rungs if r not in order]
-    if unknown:
-        raise FusionLabError(f"rungs={unknown} are not in the plan; use some of {order}.")
+    rungs = chosen_rungs(stage_rungs(plan), rungs)
     label = stage_labels(plan)
     label[BUS] = tm.bus_label({label[n]: None for n in plan.foreign})
     docs = corpora.documents() if docs is None else docs

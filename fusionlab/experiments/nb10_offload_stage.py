@@ -38,6 +38,14 @@ def stage_order(plan: offload.OffloadPlan | Any) -> list[str]:
     return [r for r in FIRST if r in every] + [r for r in every if r not in FIRST]
 
 
+def chosen_rungs(order: list[str], rungs: list[str] | None) -> list[str]:
+    """`rungs` (None: all of `order`), each checked against the plan's `order`."""
+    unknown = [r for r in rungs or [] if r not in order]
+    if unknown:
+        raise FusionLabError(f"rungs={unknown} are not in the plan; use some of {order}.")
+    return order if rungs is None else rungs
+
+
 def stage_labels(plan: offload.OffloadPlan | Any) -> dict[str, str]:
     """Each rung's name in the cells' settings and the tables: a sibling by its recipe, a foreign slave by its short
     name (`fl.short_name`), which must tell the plan's slaves apart."""
@@ -71,11 +79,7 @@ def run_stage(master: LM, length: int, rungs: list[str] | None = None, plan: off
     fine-tuned siblings are trained first where their weights are missing), calling `on_rung(cells, table)` after each
     rung. Returns the accuracy table over every rung this call computed or read back."""
     plan = plan or offload.offload_plan("full")
-    order = stage_order(plan)
-    rungs = order if rungs is None else rungs
-    unknown = [r for r in rungs if r not in order]
-    if unknown:
-        raise FusionLabError(f"rungs={unknown} are not in the plan; use some of {order}.")
+    rungs = chosen_rungs(stage_order(plan), rungs)
     items = stage_items(master, plan, length, haystacks)
     label = stage_labels(plan)
     parts: list[pd.DataFrame] = []
