@@ -45,10 +45,12 @@ def run_nll_stage(master: LM, rungs: list[str] | None = None, plan: tm.Plan | No
                   docs: list[corpora.Doc] | None = None, cache: Path | None = None,
                   divergence_cache: Path | None = None,
                   on_rung: Callable[[pd.DataFrame, pd.DataFrame, pd.DataFrame], Any] | None = None,
-                  load_slave: Callable[[str], LM] = load, texts: list[str] | None = None) -> pd.DataFrame:
+                  load_slave: Callable[[str], LM] = load, texts: list[str] | None = None,
+                  earlier: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> pd.DataFrame:
     """Compute `plan`'s (default: the full plan's) NLL cells and divergence for `rungs` (default: all, in
     `stage_rungs`; fine-tuned siblings are trained first where their weights are missing), calling
-    `on_rung(cells, divergence, table)` after each rung. Returns the ladder table over the rungs this call did."""
+    `on_rung(cells, divergence, table)` after each rung. `earlier`: the (cells, divergence) a previous call saved,
+    kept in the map (a call for some rungs must not drop the others). Returns the map over those and this call's."""
     plan = plan or tm.plan("full")
     rungs = chosen_rungs(stage_rungs(plan), rungs)
     label = stage_labels(plan)
@@ -77,17 +79,17 @@ def run_nll_stage(master: LM, rungs: list[str] | None = None, plan: tm.Plan | No
         div = tm.measure_divergence(master, [rung], texts, lstsq=plan.lstsq, cache=divergence_cache)
         return tm.nll_ladder(master, [rung], {}, items, cache, plan.relay_tokens, plan.lstsq, kvcomm), div
 
-    parts, divs, done = [], [], []
+    parts, divs = ([], []) if earlier is None else ([earlier[0]], [earlier[1]])
     table = pd.DataFrame()
     for r in rungs:
         t0 = time.perf_counter()
         cells, div = measure(r)
         parts.append(cells)
         divs.append(div)
-        done.append(label[r])
-        every = pd.concat(parts, ignore_index=True).drop_duplicates(["setting", "doc"]).reset_index(drop=True)
-        divergence = pd.concat(divs, ignore_index=True)
-        table = tm.ladder_table(every, divergence, done)
+        every = (pd.concat(parts, ignore_index=True).drop_duplicates(["setting", "doc"], keep="last")
+                 .reset_index(drop=True))
+        divergence = pd.concat(divs, ignore_index=True).drop_duplicates("recipe", keep="last")
+        table = tm.ladder_table(every, divergence, list(divergence["recipe"]))  # one divergence row per rung
         if on_rung is not None:
             on_rung(every, divergence, table)
         print(f"{r}: {time.perf_counter() - t0:.0f} s, {len(table)} rungs in the map", flush=True)

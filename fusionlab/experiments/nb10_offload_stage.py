@@ -74,15 +74,17 @@ def table_name(kind: str, length: int, size: str = "full") -> str:
 
 def run_stage(master: LM, length: int, rungs: list[str] | None = None, plan: offload.OffloadPlan | None = None,
               cache: Path | None = None, on_rung: Callable[[pd.DataFrame, pd.DataFrame], Any] | None = None,
-              load_slave: Callable[[str], LM] = load, haystacks: dict[str, str] | None = None) -> pd.DataFrame:
+              load_slave: Callable[[str], LM] = load, haystacks: dict[str, str] | None = None,
+              earlier: pd.DataFrame | None = None) -> pd.DataFrame:
     """Compute `plan`'s (default: the full plan's) cells at `length` for `rungs` (default: all, in `stage_order`;
     fine-tuned siblings are trained first where their weights are missing), calling `on_rung(cells, table)` after each
-    rung. Returns the accuracy table over every rung this call computed or read back."""
+    rung. `earlier`: cells a previous call saved, kept in the table (a call for some rungs must not drop the others).
+    Returns the accuracy table over every rung this call computed or read back and the earlier ones."""
     plan = plan or offload.offload_plan("full")
     rungs = chosen_rungs(stage_order(plan), rungs)
     items = stage_items(master, plan, length, haystacks)
     label = stage_labels(plan)
-    parts: list[pd.DataFrame] = []
+    parts: list[pd.DataFrame] = [] if earlier is None else [earlier]
     table = pd.DataFrame()
     for r in rungs:
         t0 = time.perf_counter()
@@ -94,7 +96,8 @@ def run_stage(master: LM, length: int, rungs: list[str] | None = None, plan: off
         else:
             finetune.ensure(master, [r], corpora.documents())
             parts.append(offload.offload_ladder(master, [r], {}, items, plan.max_new_tokens, cache))
-        cells = pd.concat(parts, ignore_index=True).drop_duplicates(["setting", "item"]).reset_index(drop=True)
+        cells = (pd.concat(parts, ignore_index=True).drop_duplicates(["setting", "item"], keep="last")
+                 .reset_index(drop=True))
         table = offload.accuracy_table(cells, list(label.values()))
         if on_rung is not None:
             on_rung(cells, table)

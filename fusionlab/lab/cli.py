@@ -98,7 +98,10 @@ def cmd_rerun_diff(args: argparse.Namespace) -> int:
 
 def cmd_offload_stage(args: argparse.Namespace) -> int:
     from ..experiments import nb10_offload as offload
+    import pandas as pd
+
     from ..experiments.nb10_offload_stage import run_stage, table_name
+    from ..paths import results_dir
     from ..models.zoo import load
     from .readme import write_ledger
     from .results import save_table
@@ -108,14 +111,19 @@ def cmd_offload_stage(args: argparse.Namespace) -> int:
         save_table(table, table_name("ladder", args.length))
         write_ledger()
 
-    table = run_stage(load(args.master), args.length, args.rungs or None, on_rung=save)
+    saved = results_dir() / f"{table_name('cells', args.length)}.csv"  # rungs an earlier call finished stay in
+    earlier = pd.read_csv(saved) if saved.exists() else None
+    table = run_stage(load(args.master), args.length, args.rungs or None, on_rung=save, earlier=earlier)
     print(offload.summary(table).round(3).to_string(index=False))
     return 0
 
 
 def cmd_nll_stage(args: argparse.Namespace) -> int:
     from ..experiments import nb10_transfer_map as tm
+    import pandas as pd
+
     from ..experiments.nb10_nll_stage import run_nll_stage, table_name
+    from ..paths import results_dir
     from ..models.zoo import load
     from .readme import write_ledger
     from .results import save_table
@@ -125,7 +133,9 @@ def cmd_nll_stage(args: argparse.Namespace) -> int:
             save_table(df, table_name(kind))
         write_ledger()
 
-    table = run_nll_stage(load(args.master), args.rungs or None, on_rung=save)
+    saved = [results_dir() / f"{table_name(kind)}.csv" for kind in ("cells", "divergence")]
+    earlier = tuple(pd.read_csv(f) for f in saved) if all(f.exists() for f in saved) else None  # rungs done before
+    table = run_nll_stage(load(args.master), args.rungs or None, on_rung=save, earlier=earlier)
     print(tm.summary(table).round(3).to_string(index=False))
     return 0
 

@@ -285,6 +285,12 @@ def test_an_nll_stage_computes_the_notebooks_own_cells_rung_by_rung(tiny, tmp_pa
     assert saved == [(4 * 2 + 4 * 3, ["noise:0"], ["noise:0"]),
                      (4 * 2 + 8 * 3, ["noise:0", "noise:0.1"], ["noise:0", "noise:0.1"])]
     assert table.set_index("slave").loc["noise:0", "transfer"] == pytest.approx(1.0, abs=1e-3)  # the exact anchor
+    kept = []
+    stage.run_nll_stage(m, ["noise:0"], plan, docs, tmp_path / "c.jsonl", tmp_path / "d.jsonl", texts=texts,
+                        on_rung=lambda cells, div, t: kept.append((cells, div)))
+    later = stage.run_nll_stage(m, ["noise:0.1"], plan, docs, tmp_path / "c.jsonl", tmp_path / "d.jsonl",
+                                texts=texts, earlier=kept[-1])
+    assert later["slave"].tolist() == ["noise:0", "noise:0.1"]  # a call for one rung keeps the rungs saved before
     before = (tmp_path / "c.jsonl").read_text()
     again = tm.nll_ladder(m, ["noise:0", "noise:0.1"], {}, nll.pairs(m.tokenizer, docs, 40, 16, 4),
                           tmp_path / "c.jsonl")  # the notebook's own call: every cell read back, none redone

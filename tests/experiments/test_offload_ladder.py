@@ -119,6 +119,11 @@ def test_a_stage_computes_the_plans_own_cells_rung_by_rung(tiny, tmp_path):
     # floor and skyline once, then the ceiling, offload and control of each rung, 3 items each, saved after each rung
     assert saved == [(3 * 2 + 3 * 3, ["noise:0"]), (3 * 2 + 6 * 3, ["noise:0", "prune:2"])]
     assert table["slave"].tolist() == ["noise:0", "prune:2"]
+    kept = []
+    stage.run_stage(m, 200, ["noise:0"], plan, cache=tmp_path / "c.jsonl", haystacks=hays,
+                    on_rung=lambda cells, t: kept.append(cells))
+    later = stage.run_stage(m, 200, ["prune:2"], plan, cache=tmp_path / "c.jsonl", haystacks=hays, earlier=kept[-1])
+    assert later["slave"].tolist() == ["noise:0", "prune:2"]  # a call for one rung keeps the rungs saved before
     before = (tmp_path / "c.jsonl").read_text()
     again = lad.offload_ladder(m, ["prune:2"], {}, built, 4, cache=tmp_path / "c.jsonl")  # the notebook's own call
     assert len(again) == 3 * 2 + 3 * 3 and (tmp_path / "c.jsonl").read_text() == before  # all read back, none redone
