@@ -34,5 +34,5 @@ from .lab import ray_cells  # registers the 'ray' back end of run_cells; Ray its
 __all__ = ["AlignmentReport", "ContextTooLong", "FuserConfig", "FusionLabError", "FusedModel", "HeadsProjector",
            "IdentityProjector", "LM", "LayerMap", "LearnedFuser", "LstsqProjector", "ModelSpec", "RopeSpec", "Slave",
            "TrainChunk", "TrainConfig", "TrainResult", "__version__", "capture_attention", "check_alignment",
-           "evaluate", "fit", "fit_lstsq", "fuse", "kv", "load", "models", "ray_cells", "results", "short_name", "stats", "train_fuser",
-           "viz"]
+           "evaluate", "fit", "fit_lstsq", "fuse", "kv", "load", "models", "ray_cells", "results", "short_name",
+           "stats", "train_fuser", "viz"]

@@ -98,21 +98,17 @@ def cmd_rerun_diff(args: argparse.Namespace) -> int:
 
 def cmd_offload_stage(args: argparse.Namespace) -> int:
     from ..experiments import nb10_offload as offload
-    import pandas as pd
-
     from ..experiments.nb10_offload_stage import run_stage, table_name
-    from ..paths import results_dir
     from ..models.zoo import load
     from .readme import write_ledger
-    from .results import save_table
+    from .results import load_table, save_table
 
     def save(cells, table) -> None:  # after every rung: a stopped stage keeps what it finished
         save_table(cells, table_name("cells", args.length))
         save_table(table, table_name("ladder", args.length))
         write_ledger()
 
-    saved = results_dir() / f"{table_name('cells', args.length)}.csv"  # rungs an earlier call finished stay in
-    earlier = pd.read_csv(saved) if saved.exists() else None
+    earlier = load_table(table_name("cells", args.length))  # rungs an earlier call finished stay in the table
     table = run_stage(load(args.master), args.length, args.rungs or None, on_rung=save, earlier=earlier)
     print(offload.summary(table).round(3).to_string(index=False))
     return 0
@@ -120,21 +116,18 @@ def cmd_offload_stage(args: argparse.Namespace) -> int:
 
 def cmd_nll_stage(args: argparse.Namespace) -> int:
     from ..experiments import nb10_transfer_map as tm
-    import pandas as pd
-
     from ..experiments.nb10_nll_stage import run_nll_stage, table_name
-    from ..paths import results_dir
     from ..models.zoo import load
     from .readme import write_ledger
-    from .results import save_table
+    from .results import load_table, save_table
 
     def save(cells, divergence, table) -> None:  # after every rung: a stopped stage keeps what it finished
         for kind, df in (("cells", cells), ("divergence", divergence), ("map", table)):
             save_table(df, table_name(kind))
         write_ledger()
 
-    saved = [results_dir() / f"{table_name(kind)}.csv" for kind in ("cells", "divergence")]
-    earlier = tuple(pd.read_csv(f) for f in saved) if all(f.exists() for f in saved) else None  # rungs done before
+    cells, divergence = load_table(table_name("cells")), load_table(table_name("divergence"))
+    earlier = None if cells is None or divergence is None else (cells, divergence)  # rungs an earlier call finished
     table = run_nll_stage(load(args.master), args.rungs or None, on_rung=save, earlier=earlier)
     print(tm.summary(table).round(3).to_string(index=False))
     return 0

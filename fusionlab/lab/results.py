@@ -49,6 +49,13 @@ def save_table(df: pd.DataFrame, name: str, folder: Path | None = None) -> Path:
     return atomic_write_text(_home_for(size, folder) / f"{name}.csv", _newlines(df).to_csv(index=False))
 
 
+def load_table(name: str, folder: Path | None = None) -> pd.DataFrame | None:
+    """The table `save_table(df, name, folder)` wrote, or None where it has not been saved."""
+    size = name.rsplit(".", 1)[-1] if "." in name else ""
+    f = _home_for(size, folder) / f"{name}.csv"
+    return pd.read_csv(f) if f.exists() else None
+
+
 def save_claims(notebook: str, claims: list[Claim], run_size: str, folder: Path | None = None) -> Path:
     """One JSON per notebook and run size; the ledger prefers full over default runs (QUICK ones live in the ignored quick/)."""
     folder = Path(folder) if folder is not None else _home_for(run_size, None) / "claims"

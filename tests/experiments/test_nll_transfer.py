@@ -13,6 +13,7 @@ import pytest
 from fusionlab.errors import FusionLabError
 from fusionlab.experiments import nb10_claims as c10, nb10_nll_transfer as nll, nb10_transfer_map as tm
 from fusionlab.experiments.nb07_corpora import Doc
+from fusionlab.lab.results import load_table, save_table
 
 WORDS = "river harbour lantern copper meadow signal orchard violet granite falcon".split()
 
@@ -288,8 +289,11 @@ def test_an_nll_stage_computes_the_notebooks_own_cells_rung_by_rung(tiny, tmp_pa
     kept = []
     stage.run_nll_stage(m, ["noise:0"], plan, docs, tmp_path / "c.jsonl", tmp_path / "d.jsonl", texts=texts,
                         on_rung=lambda cells, div, t: kept.append((cells, div)))
+    for kind, df in zip(("cells", "divergence"), kept[-1]):
+        save_table(df, stage.table_name(kind), tmp_path)  # read back as the CLI does: through the saved CSV
+    earlier = (load_table(stage.table_name("cells"), tmp_path), load_table(stage.table_name("divergence"), tmp_path))
     later = stage.run_nll_stage(m, ["noise:0.1"], plan, docs, tmp_path / "c.jsonl", tmp_path / "d.jsonl",
-                                texts=texts, earlier=kept[-1])
+                                texts=texts, earlier=earlier)
     assert later["slave"].tolist() == ["noise:0", "noise:0.1"]  # a call for one rung keeps the rungs saved before
     before = (tmp_path / "c.jsonl").read_text()
     again = tm.nll_ladder(m, ["noise:0", "noise:0.1"], {}, nll.pairs(m.tokenizer, docs, 40, 16, 4),

@@ -10,6 +10,7 @@ from fusionlab.errors import FusionLabError
 from fusionlab.experiments import nb02_niah as niah, nb10_offload as lad
 from fusionlab.experiments.nb10_claims import RUNG_VERDICTS
 from fusionlab.experiments.nb10_synthetic_facts import TEMPLATES, facts
+from fusionlab.lab.results import load_table, save_table
 from fusionlab.paths import asset
 
 HAY = " ".join(f"Sentence number {i} talks about rivers, harbours and old maps of the town." for i in range(400))
@@ -122,7 +123,9 @@ def test_a_stage_computes_the_plans_own_cells_rung_by_rung(tiny, tmp_path):
     kept = []
     stage.run_stage(m, 200, ["noise:0"], plan, cache=tmp_path / "c.jsonl", haystacks=hays,
                     on_rung=lambda cells, t: kept.append(cells))
-    later = stage.run_stage(m, 200, ["prune:2"], plan, cache=tmp_path / "c.jsonl", haystacks=hays, earlier=kept[-1])
+    save_table(kept[-1], stage.table_name("cells", 200), tmp_path)  # read back as the CLI does: through the CSV
+    later = stage.run_stage(m, 200, ["prune:2"], plan, cache=tmp_path / "c.jsonl", haystacks=hays,
+                            earlier=load_table(stage.table_name("cells", 200), tmp_path))
     assert later["slave"].tolist() == ["noise:0", "prune:2"]  # a call for one rung keeps the rungs saved before
     before = (tmp_path / "c.jsonl").read_text()
     again = lad.offload_ladder(m, ["prune:2"], {}, built, 4, cache=tmp_path / "c.jsonl")  # the notebook's own call
