@@ -5,6 +5,10 @@ next-token KL from the master. The crossing is the KL at which the curve first f
 interpolation in log KL between the last rung at or above it and the first below; its CI resamples documents
 (the rungs' transfers are recomputed on each resample, the KLs stay fixed). A curve that never falls below `level`
 is reported as not bracketed: the crossing then lies beyond the farthest rung, and no number is made up for it.
+
+The same rule reads offload accuracy (`accuracy_crossing`, resampling items) twice: where the channel stops
+carrying (offload) and where the slave itself stops knowing (its ceiling), so a channel that fails before the
+slave forgets can be told from one that fails because it does.
 """
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ import math
 
 import numpy as np
 import pandas as pd
+
+from ..errors import FusionLabError
 
 
 def _cross(xs: list[float], ys: list[float], level: float) -> float:
@@ -25,31 +31,22 @@ def _cross(xs: list[float], ys: list[float], level: float) -> float:
     return float("nan")
 
 
-def crossing(cells: pd.DataFrame, div: pd.DataFrame, prefix: str = "noise:", level: float = 0.5,
-             n_boot: int = 2000, seed: int = 0) -> dict:
-    """The KL at which the `prefix` rungs' NLL transfer falls below `level` of the gap, from the transfer cells
-    (`nb10_nll_transfer.run` rows) and the divergence table (`recipe`, `kl`). Returns the rungs used (by KL), the
-    point estimate, a 95% percentile CI over documents, the share of resamples with a crossing, and `bracketed`."""
-    kl = div.set_index("recipe")["kl"]
-    measured = set(cells["setting"])
-    rungs = sorted((r for r in kl.index if str(r).startswith(prefix) and f"+{r}" in measured), key=lambda r: kl[r])
-    wide = cells.pivot_table(index="doc", columns="setting", values="nll")
-    need = ["floor (no document)", "skyline (master reads it)"] + [f"+{r}" for r in rungs]
-    wide = wide[[c for c in need if c in wide]].dropna()
-    out = {"rungs": rungs, "kl": [float(kl[r]) for r in rungs], "level": level, "n": len(wide),
-           "crossing": float("nan"), "lo": float("nan"), "hi": float("nan"), "share_defined": 0.0, "bracketed": False}
-    if len(rungs) < 2 or len(wide) == 0 or len(wide.columns) < len(need):
-        return out
-    f, k = wide["floor (no document)"].to_numpy(), wide["skyline (master reads it)"].to_numpy()
-    v = np.stack([wide[f"+{r}"].to_numpy() for r in rungs])  # (rungs, docs)
-
+def curve(f: np.ndarray, k: np.ndarray, v: np.ndarray, kls: list[float], level: float = 0.5,
+          n_boot: int = 2000, seed: int = 0) -> dict:
+    """The crossing of one knob's curve from per-unit scores, higher = better (documents' negated NLL, items'
+    correctness): f, k (n,) the floor and skyline, v (rungs, n) the rungs in KL order. A rung's transfer is
+    (mean v - mean f) / (mean k - mean f); the CI resamples units. Returns crossing, lo, hi, share_defined,
+    bracketed."""
     def at(idx: np.ndarray) -> float:
-        gap = f[idx].mean() - k[idx].mean()
+        gap = k[idx].mean() - f[idx].mean()
         if gap <= 0:
-            return float("nan")  # no gap on this resample: nothing to fall from
-        ys = [(f[idx].mean() - v[j, idx].mean()) / gap for j in range(len(rungs))]
-        return _cross(out["kl"], ys, level)
+            return float("nan")  # the skyline no better than the floor on this resample: nothing to fall from
+        return _cross(kls, [(v[j, idx].mean() - f[idx].mean()) / gap for j in range(len(kls))], level)
 
+    out = {"crossing": float("nan"), "lo": float("nan"), "hi": float("nan"), "share_defined": 0.0,
+           "bracketed": False}
+    if len(kls) < 2 or len(f) == 0:
+        return out
     point = at(np.arange(len(f)))
     rng = np.random.default_rng(seed)
     draws = np.array([at(rng.integers(0, len(f), len(f))) for _ in range(n_boot)])
@@ -60,20 +57,71 @@ def crossing(cells: pd.DataFrame, div: pd.DataFrame, prefix: str = "noise:", lev
     return out
 
 
+FLOOR, SKYLINE = "floor (no document)", "skyline (master reads it)"
+
+
+def _read(wide: pd.DataFrame, div: pd.DataFrame, prefix: str, name: str, level: float, n_boot: int, seed: int,
+          **meta: str) -> dict:
+    """The crossing of the `prefix` rungs' curve from `wide` (unit x setting scores, higher = better), a rung's
+    setting being `name.format(rung)`; units missing any setting are dropped. `meta`: unit and of, kept in the result."""
+    kl = div.set_index("recipe")["kl"]
+    rungs = sorted((r for r in kl.index if str(r).startswith(prefix) and name.format(r) in wide), key=lambda r: kl[r])
+    out = {"rungs": rungs, "kl": [float(kl[r]) for r in rungs], "level": level, **meta}
+    if FLOOR not in wide or SKYLINE not in wide:
+        return out | {"n": 0} | curve(np.array([]), np.array([]), np.empty((0, 0)), [], level)
+    wide = wide[[FLOOR, SKYLINE] + [name.format(r) for r in rungs]].dropna()
+    v = wide.iloc[:, 2:].to_numpy().T  # (rungs, units)
+    return out | {"n": len(wide)} | curve(wide[FLOOR].to_numpy(), wide[SKYLINE].to_numpy(), v, out["kl"], level,
+                                          n_boot, seed)
+
+
+def crossing(cells: pd.DataFrame, div: pd.DataFrame, prefix: str = "noise:", level: float = 0.5,
+             n_boot: int = 2000, seed: int = 0) -> dict:
+    """The KL at which the `prefix` rungs' NLL transfer falls below `level` of the gap, from the transfer cells
+    (`nb10_nll_transfer.run` rows) and the divergence table (`recipe`, `kl`). Returns the rungs used (by KL), the
+    point estimate, a 95% percentile CI over documents, the share of resamples with a crossing, and `bracketed`."""
+    wide = -cells.pivot_table(index="doc", columns="setting", values="nll")  # lower NLL is better: negated
+    return _read(wide, div, prefix, "+{}", level, n_boot, seed, unit="documents", of="transfer")
+
+
+OF = {"offload": "+{}", "ceiling": "{} alone (reads it)"}
+"""Which curve of an offload grid: the master reading the rung's slots, or the rung's slave answering alone."""
+
+
+def accuracy_crossing(cells: pd.DataFrame, div: pd.DataFrame, of: str = "offload", prefix: str = "noise:",
+                      level: float = 0.5, n_boot: int = 2000, seed: int = 0) -> dict:
+    """As `crossing`, on offload accuracy (`nb10_offload` cells; correct = 1, anything else = 0): `of` 'offload' is
+    the transfer (offload - floor) / (skyline - floor), 'ceiling' the slave's own accuracy on the same scale (where
+    the slave stops knowing, beside where the channel stops carrying). The CI resamples items."""
+    if of not in OF:
+        raise FusionLabError(f"of={of!r} is not a curve of an offload grid; use one of {sorted(OF)}.")
+    done = cells[cells["label"].notna()].assign(ok=lambda d: (d["label"] == "correct").astype(float))
+    wide = done.pivot_table(index="item", columns="setting", values="ok")
+    return _read(wide, div, prefix, OF[of], level, n_boot, seed, unit="items", of=of)
+
+
 def as_row(c: dict) -> dict:
     """The crossing as one flat table row (what the notebook saves and the README renders)."""
     return {"family": ",".join(c["rungs"]), "kl_max": max(c["kl"]) if c["kl"] else float("nan"),
-            **{k: c[k] for k in ("level", "n", "crossing", "lo", "hi", "share_defined", "bracketed")}}
+            **{k: c[k] for k in ("level", "n", "crossing", "lo", "hi", "share_defined", "bracketed")},
+            "unit": c.get("unit", "documents"), "of": c.get("of", "transfer")}
+
+
+WHAT = {"transfer": "transfer", "offload": "transfer", "ceiling": "the slave's own accuracy"}
+"""How a sentence names the curve (`of`)."""
 
 
 def sentence(c: dict) -> str:
-    """One line for the notebook and the README, from `crossing`'s result or its `as_row`."""
+    """One line for the notebook and the README, from `crossing`'s (or `accuracy_crossing`'s) result or its
+    `as_row` (rows saved before `unit` / `of` existed are NLL transfer over documents)."""
     row = as_row(c) if "rungs" in c else c
     if not isinstance(row["family"], str) or not row["family"]:
         return "no rungs of this family measured"
+    unit = row["unit"] if isinstance(row.get("unit"), str) else "documents"
+    what = WHAT[row["of"] if isinstance(row.get("of"), str) else "transfer"]
     if not row["bracketed"]:
-        return (f"transfer stays above {row['level']:.0%} of the gap on every rung measured (up to KL "
-                f"{row['kl_max']:.3g} nats/token): the crossing lies beyond the ladder (n={row['n']} documents)")
-    return (f"transfer falls to {row['level']:.0%} of the gap at KL {row['crossing']:.3g} nats/token "
-            f"[{row['lo']:.3g}, {row['hi']:.3g}] (bootstrap over {row['n']} documents; {row['share_defined']:.0%} of "
+        return (f"{what} stays above {row['level']:.0%} of the gap on every rung measured (up to KL "
+                f"{row['kl_max']:.3g} nats/token): the crossing lies beyond the ladder (n={row['n']} {unit})")
+    return (f"{what} falls to {row['level']:.0%} of the gap at KL {row['crossing']:.3g} nats/token "
+            f"[{row['lo']:.3g}, {row['hi']:.3g}] (bootstrap over {row['n']} {unit}; {row['share_defined']:.0%} of "
             "resamples cross within the ladder)")

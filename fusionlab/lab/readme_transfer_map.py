@@ -11,7 +11,7 @@ import pandas as pd
 from ..analysis.stats import interval
 from ..experiments.nb10_claims import (beyond_skyline_sentence, control_verdict, nll_rung_verdict, relay_verdict,
                                        rung_verdict)
-from ..experiments.nb10_crossing import sentence
+from ..experiments.nb10_crossing import accuracy_crossing, sentence
 from ..experiments.nb10_offload import offload_plan
 from ..experiments.nb10_nll_stage import stage_rungs, table_name as nll_stage_table
 from ..experiments.nb10_offload_stage import stage_order, table_name
@@ -145,11 +145,27 @@ def offload_stages_markdown(folder: Path | None = None) -> str:
             f"\n\nThe full plan at {length} tokens ({len(df)} of {every} rungs so far, "
             f"`fusionlab offload-stage --length {length}`; from `data/results/{f.name}`, "
             f"{int(df['n'].min())} items per setting):\n\n" +
-            "\n".join([OFFLOAD_HEAD, "|" + "---|" * (OFFLOAD_HEAD.count("|") - 1), *_offload_rows(df)]))
+            "\n".join([OFFLOAD_HEAD, "|" + "---|" * (OFFLOAD_HEAD.count("|") - 1), *_offload_rows(df)]) +
+            _stage_crossings(length, folder))
     missing = [n for n, f in saved.items() if not f.exists()]
     if blocks and missing:
         blocks.append(f"\n\nNot run yet at {', '.join(map(str, missing))} tokens.")
     return "".join(blocks)
+
+
+def _stage_crossings(length: int, folder: Path | None) -> str:
+    """Where a stage's weight-noise rungs halve, as curves of KL (`nb10_crossing.accuracy_crossing`): the channel
+    (offload) beside the slave alone (its ceiling); '' without the divergence table or two noise rungs."""
+    cells = Path(folder or results_dir()) / f"{table_name('cells', length)}.csv"
+    div = best_table("10_divergence", folder)
+    if div is None or not cells.exists():
+        return ""
+    df = pd.read_csv(cells)
+    curves = [accuracy_crossing(df, div[0], of) for of in ("offload", "ceiling")]
+    if len(curves[0]["rungs"]) < 2:
+        return ""
+    return (f"\n\nWeight-noise rungs ({', '.join(curves[0]['rungs'])}) as curves of their KL from "
+            f"`data/results/10_divergence.{div[1]}.csv`: {sentence(curves[0])}; {sentence(curves[1])}.")
 
 
 CONTROL_HEAD = ("| slave | gate parametrisation | gate start → end | held-out transfer [95% CI] | training-free start | "

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from fusionlab.errors import FusionLabError
 from fusionlab.experiments import nb10_crossing as cr
 
 
@@ -53,3 +54,42 @@ def test_degenerate_grids_are_no_evidence():
 def test_crossing_from_the_exact_copy_at_kl_zero_is_linear():
     c = cr.crossing(grid({"noise:0": 1.0, "noise:0.01": 0.0}, noise=0.0), DIV)
     assert c["crossing"] == pytest.approx(0.005)
+
+
+def facts(correct: dict[str, float], n: int = 100, floor: float = 0.0, skyline: float = 1.0) -> pd.DataFrame:
+    """Offload cells: each setting right on the first share x n items (seeded order), wrong on the rest."""
+    order = np.random.default_rng(1).permutation(n)
+    share = {"floor (no document)": floor, "skyline (master reads it)": skyline, **correct}
+    return pd.DataFrame([{"setting": s, "item": f"fact{i}", "label": "correct" if rank < round(t * n) else "wrong"}
+                         for s, t in share.items() for rank, i in enumerate(order)])
+
+
+def test_offload_accuracy_has_two_curves_the_channel_and_the_slave():
+    cells = facts({"+noise:0": 1.0, "+noise:0.01": 0.9, "+noise:0.1": 0.8, "+noise:0.3": 0.4,
+                   "noise:0 alone (reads it)": 1.0, "noise:0.01 alone (reads it)": 0.6,
+                   "noise:0.1 alone (reads it)": 0.4, "noise:0.3 alone (reads it)": 0.0})
+    off = cr.accuracy_crossing(cells, DIV)
+    assert off["rungs"] == ["noise:0", "noise:0.01", "noise:0.1", "noise:0.3"] and off["n"] == 100
+    assert off["crossing"] == pytest.approx(10 ** -0.25, rel=0.05) and off["lo"] < off["crossing"] < off["hi"]
+    own = cr.accuracy_crossing(cells, DIV, of="ceiling")  # 0.6 at KL 0.01, 0.4 at 0.1: halfway in log KL
+    assert own["crossing"] == pytest.approx(10 ** -1.5, rel=0.05)
+    assert cr.sentence(off).startswith("transfer falls to 50% of the gap at KL")
+    assert cr.sentence(own).startswith("the slave's own accuracy falls to 50% of the gap at KL")
+    assert "bootstrap over 100 items" in cr.sentence(cr.as_row(own))
+
+
+def test_offload_accuracy_counts_abstentions_as_wrong_and_drops_cells_that_did_not_run():
+    cells = facts({"+noise:0": 1.0, "+noise:0.1": 0.0})
+    cells.loc[(cells["setting"] == "+noise:0") & (cells["item"] == "fact0"), "label"] = "abstain"
+    cells.loc[(cells["setting"] == "+noise:0.1") & (cells["item"] == "fact1"), "label"] = None
+    c = cr.accuracy_crossing(cells, DIV)
+    assert c["n"] == 99  # fact1 did not run on every curve
+    assert c["crossing"] == pytest.approx(0.1 * (1 - 0.5 / (98 / 99)) + 0.0, rel=0.01)  # linear from KL 0
+
+
+def test_offload_accuracy_without_a_gap_or_with_a_bad_curve_name_is_no_evidence():
+    flat = facts({"+noise:0": 0.0, "+noise:0.1": 0.0}, skyline=0.0)  # the master never answers: no gap
+    c = cr.accuracy_crossing(flat, DIV)
+    assert not c["bracketed"] and c["share_defined"] == 0.0 and math.isnan(c["crossing"])
+    with pytest.raises(FusionLabError, match="of='slots'"):
+        cr.accuracy_crossing(flat, DIV, of="slots")

@@ -323,3 +323,24 @@ def test_the_seats_benchmark_renders_each_setting_against_its_first_seat_count(t
     assert ("the master alone (4000 tokens): 16 seats 0.61× the wall time of 8 seats, 80% / 70% of seat-steps busy, "
             "completions differing from 8 seats: 0; the bus (4000 tokens): 16 seats 0.74×") in text
     assert text.endswith("completions differing from 8 seats: 2.")
+
+
+def test_an_offload_stage_says_where_its_noise_rungs_halve_once_the_divergence_is_saved(tmp_path):
+    from fusionlab.experiments.nb10_offload_stage import table_name
+    from fusionlab.lab.readme_transfer_map import offload_stages_markdown
+
+    share = {"floor (no document)": 0.0, "skyline (master reads it)": 1.0, "+noise:0": 1.0, "+noise:0.1": 0.0,
+             "noise:0 alone (reads it)": 1.0, "noise:0.1 alone (reads it)": 0.0}
+    pd.DataFrame([{"setting": s, "item": f"f{i}", "label": "correct" if i < t * 40 else "wrong"}
+                  for s, t in share.items() for i in range(40)]).to_csv(
+        tmp_path / f"{table_name('cells', 256)}.csv", index=False)
+    pd.DataFrame([{"slave": "noise:0", "n": 40, "transfer": 1.0, "lo": 1.0, "hi": 1.0, "p_value": 1e-6,
+                   **{f"{c}{s}": 0.5 for c in ("floor", "skyline", "ceiling", "offload", "control")
+                      for s in ("", "_lo", "_hi")}}]).to_csv(tmp_path / f"{table_name('ladder', 256)}.csv", index=False)
+    assert "Weight-noise rungs" not in offload_stages_markdown(tmp_path)  # no KL saved: no curve
+    pd.DataFrame({"recipe": ["noise:0", "noise:0.1"], "kl": [0.0, 1.0]}).to_csv(
+        tmp_path / "10_divergence.default.csv", index=False)
+    text = offload_stages_markdown(tmp_path)
+    assert ("Weight-noise rungs (noise:0, noise:0.1) as curves of their KL from `data/results/10_divergence.default"
+            ".csv`: transfer falls to 50% of the gap at KL 0.5 nats/token") in text  # linear from the exact copy
+    assert "; the slave's own accuracy falls to 50% of the gap at KL 0.5 nats/token" in text
