@@ -117,6 +117,8 @@ def sentence(c: dict) -> str:
     row = as_row(c) if "rungs" in c else c
     if not isinstance(row["family"], str) or not row["family"]:
         return "no rungs of this family measured"
+    if "," not in row["family"]:
+        return f"one rung of this family measured ({row['family']}): no curve to fall"
     unit = row["unit"] if isinstance(row.get("unit"), str) else "documents"
     what = WHAT[row["of"] if isinstance(row.get("of"), str) else "transfer"]
     if not row["bracketed"]:

@@ -47,7 +47,9 @@ def test_degenerate_grids_are_no_evidence():
     zero = grid({"noise:0": 0.0, "noise:0.1": 0.0}, gap=0.0, noise=0.0)  # floor = skyline: no gap to fall from
     c = cr.crossing(zero, DIV)
     assert not c["bracketed"] and c["share_defined"] == 0.0
-    assert cr.crossing(grid({"noise:0": 1.0}), DIV)["bracketed"] is False  # one rung: no curve
+    one = cr.crossing(grid({"noise:0": 1.0}), DIV)
+    assert one["bracketed"] is False  # one rung: no curve
+    assert cr.sentence(one) == "one rung of this family measured (noise:0): no curve to fall"
     assert cr.sentence(cr.crossing(grid({}), DIV)) == "no rungs of this family measured"
 
 
