@@ -70,18 +70,24 @@ def transfer(df: pd.DataFrame, by_length: bool = False) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def versus(df: pd.DataFrame, setting: str, baseline: str) -> dict[str, Any]:
+    """`setting` against `baseline` on the items both answered, paired by item (exact McNemar)."""
+    ok = answered(df).assign(ok=lambda d: d["label"] == "correct")
+    a = ok[ok["setting"] == setting].set_index("item")["ok"]
+    b = ok[ok["setting"] == baseline].set_index("item")["ok"]
+    items = a.index.intersection(b.index)
+    t = mcnemar(b.reindex(items), a.reindex(items))
+    return {"n": len(items), "acc_setting": a[items].mean(), "acc_baseline": b[items].mean(), **t}
+
+
 def versus_control(df: pd.DataFrame) -> pd.DataFrame:
     """Each setting against its shuffled-document control, paired by item (exact McNemar)."""
-    ok = answered(df).assign(ok=lambda d: d["label"] == "correct")
     rows = []
-    for control, g in ok[ok["role"] == "control"].groupby("setting", sort=False):
+    for control, g in answered(df)[lambda d: d["role"] == "control"].groupby("setting", sort=False):
         target = g["control_of"].iloc[0]
-        a = ok[ok["setting"] == target].set_index("item")["ok"]
-        b = g.set_index("item")["ok"]
-        items = a.index.intersection(b.index)
-        t = mcnemar(b.reindex(items), a.reindex(items))
-        rows.append({"setting": target, "control": control, "n": len(items), "acc_setting": a[items].mean(),
-                     "acc_control": b[items].mean(), "p_value": t["p_value"], "only_setting": t["only_setting"],
+        t = versus(df, target, control)
+        rows.append({"setting": target, "control": control, "n": t["n"], "acc_setting": t["acc_setting"],
+                     "acc_control": t["acc_baseline"], "p_value": t["p_value"], "only_setting": t["only_setting"],
                      "only_control": t["only_baseline"]})
     return pd.DataFrame(rows)
 

@@ -95,7 +95,8 @@ def _acc(df: pd.DataFrame, setting: str) -> tuple[int, int]:
 
 def accuracy_table(cells: pd.DataFrame, order: list[str]) -> pd.DataFrame:
     """One row per rung, in `order`: floor, skyline, the slave's ceiling, offload and control accuracy (Wilson CIs),
-    the transfer rate with its bootstrap CI, McNemar against the control, and the rung's verdict."""
+    the transfer rate with its bootstrap CI, McNemar against the control and against the slave alone (does the
+    master read more out of the slave's memory than the slave answers itself?), and the rung's verdict."""
     floor = cells.loc[cells["role"] == "floor", "setting"].iloc[0]
     sky = cells.loc[cells["role"] == "skyline", "setting"].iloc[0]
     tr = stats.transfer(cells).set_index("setting")
@@ -111,10 +112,11 @@ def accuracy_table(cells: pd.DataFrame, order: list[str]) -> pd.DataFrame:
             k, n = _acc(cells, setting)
             lo, hi = wilson(k, n)
             row.update({col: k / n if n else float("nan"), f"{col}_lo": lo, f"{col}_hi": hi})
-        t = tr.loc[name]
+        t, alone = tr.loc[name], stats.versus(cells, name, ceiling)
         row.update(n=int(t["n"]), transfer=t["transfer"], lo=t["lo"], hi=t["hi"],
                    acc_setting=vs.loc[name, "acc_setting"], acc_control=vs.loc[name, "acc_control"],
-                   p_value=vs.loc[name, "p_value"])
+                   p_value=vs.loc[name, "p_value"],
+                   p_vs_ceiling=alone["p_value"] if alone["n"] else float("nan"))  # more than the slave answers?
         rows.append(row)
     out = pd.DataFrame(rows)
     if len(out):
@@ -123,7 +125,7 @@ def accuracy_table(cells: pd.DataFrame, order: list[str]) -> pd.DataFrame:
 
 
 SUMMARY = ("slave", "n", "floor", "skyline", "ceiling", "ceiling_lo", "offload", "offload_lo", "offload_hi",
-           "control", "transfer", "lo", "hi", "p_value", "verdict")
+           "control", "transfer", "lo", "hi", "p_value", "p_vs_ceiling", "verdict")
 
 
 def summary(table: pd.DataFrame) -> pd.DataFrame:

@@ -104,17 +104,21 @@ def _by_domain(table: pd.DataFrame, folder: Path | None) -> str:
 
 
 OFFLOAD_HEAD = ("| slave | floor | skyline | slave alone (ceiling) | offload | other document | transfer [95% CI] | "
-                "McNemar p vs control | verdict |")
+                "McNemar p vs control | McNemar p vs ceiling | verdict |")
 
 
 def _acc(r: dict, col: str) -> str:
     return f"{r[col]:.0%} {interval(r[col + '_lo'], r[col + '_hi'], '.0%')}"
 
 
+def _p(r: dict, col: str) -> str:
+    return "-" if _missing(r.get(col)) else f"{r[col]:.2g}"  # tables saved before the column existed: '-'
+
+
 def _offload_rows(df: pd.DataFrame) -> list[str]:
     return [f"| {r['slave']} | {_acc(r, 'floor')} | {_acc(r, 'skyline')} | {_acc(r, 'ceiling')} | "
             f"{_acc(r, 'offload')} | {_acc(r, 'control')} | {_cell(r, 'transfer', 'lo', 'hi')} | "
-            f"{r['p_value']:.2g} | {rung_verdict(r)} |" for r in df.to_dict("records")]
+            f"{_p(r, 'p_value')} | {_p(r, 'p_vs_ceiling')} | {rung_verdict(r)} |" for r in df.to_dict("records")]
 
 
 def offload_ladder_markdown(folder: Path | None = None) -> str:
@@ -127,7 +131,8 @@ def offload_ladder_markdown(folder: Path | None = None) -> str:
     return "\n".join(lines + _offload_rows(df)) + (
         f"\n\nfrom `data/results/10_offload_ladder.{size}.csv`: {int(df['n'].min())} items per setting (synthetic "
         "facts, English and Chinese, one document each), Wilson 95 % CIs; transfer = (offload − floor) / (skyline − "
-        "floor), paired bootstrap over items; McNemar: offload against the slave reading another document."
+        "floor), paired bootstrap over items; McNemar: offload against the slave reading another document, and against "
+        "the slave answering alone (its ceiling: does the master read more out of its memory than it answers?)."
     ) + offload_stages_markdown(folder)
 
 

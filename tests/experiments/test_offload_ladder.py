@@ -3,6 +3,8 @@ tiny master (the exact rung answers as the skyline; floor and skyline once), and
 on hand-made cells, degenerate ones included."""
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import pytest
 
@@ -80,6 +82,15 @@ def test_accuracy_table_judges_each_rung(ceiling, offload, control, floor, sky, 
     row = t.iloc[0]
     assert row["n"] == N and row["offload"] == sum(offload) / N and row["ceiling"] == sum(ceiling) / N
     assert row["offload_lo"] <= row["offload"] <= row["offload_hi"]
+
+
+def test_accuracy_table_asks_whether_the_master_reads_more_than_the_slave_answers():
+    more = lad.accuracy_table(cells(HALF, ALL, NONE, NONE, ALL), ["s"]).iloc[0]  # 15 items only through the master
+    assert more["p_vs_ceiling"] == pytest.approx(2 / 2**15)
+    same = lad.accuracy_table(cells(ALL, ALL, NONE, NONE, ALL), ["s"]).iloc[0]  # no discordant item: no difference
+    assert same["p_vs_ceiling"] == 1.0
+    alone_missing = cells(ALL, ALL, NONE, NONE, ALL)[lambda d: d["role"] != "ceiling"]
+    assert math.isnan(lad.accuracy_table(alone_missing, ["s"]).iloc[0]["p_vs_ceiling"])  # nothing to pair: no p
 
 
 @pytest.mark.parametrize("size", ["quick", "default", "full"])

@@ -225,11 +225,11 @@ def test_offload_ladder_and_fuser_control_blocks_from_saved_tables(tmp_path):
                                        ("control", 0.05)) for s, v in (("", v0), ("_lo", max(v0 - 0.1, 0)),
                                                                         ("_hi", min(v0 + 0.1, 1)))}
     pd.DataFrame([{"slave": "noise:0", "n": 40, **acc, "transfer": 0.94, "lo": 0.8, "hi": 1.0, "p_value": 1e-6,
-                   "acc_setting": 0.75, "acc_control": 0.05}]).to_csv(tmp_path / "10_offload_ladder.default.csv",
-                                                                     index=False)
+                   "p_vs_ceiling": 0.004, "acc_setting": 0.75, "acc_control": 0.05}]).to_csv(
+        tmp_path / "10_offload_ladder.default.csv", index=False)
     rows = offload_ladder_markdown(tmp_path).splitlines()
     assert rows[2] == ("| noise:0 | 0% [0%, 10%] | 80% [70%, 90%] | 80% [70%, 90%] | 75% [65%, 85%] | 5% [0%, 15%] | "
-                       "0.94 [0.80, 1.00] | 1e-06 | transfers |")
+                       "0.94 [0.80, 1.00] | 1e-06 | 0.004 | transfers |")
     assert "40 items per setting" in rows[-1]
     pd.DataFrame([{"slave": "noise:0", "n": 120, **acc, "transfer": 0.94, "lo": 0.8, "hi": 1.0, "p_value": 1e-6,
                    "acc_setting": 0.75, "acc_control": 0.05}]).to_csv(tmp_path / "10_offload_ladder_256.full.csv",
@@ -237,6 +237,7 @@ def test_offload_ladder_and_fuser_control_blocks_from_saved_tables(tmp_path):
     text = offload_ladder_markdown(tmp_path)  # a stage of the full plan follows the notebook's own table
     assert "The full plan at 256 tokens (1 of 14 rungs so far" in text and "120 items per setting" in text
     assert text.count("| noise:0 |") == 2 and text.endswith("Not run yet at 1024, 2048 tokens.")
+    assert "| 1e-06 | - | transfers |" in text  # a table saved before p_vs_ceiling existed: no number made up
     pd.DataFrame([{"rung": "noise:0", "opening": "log", "gate_start": 0.135, "gate_end": 0.5, "transfer": 0.9,
                    "lo": 0.8, "hi": 1.0, "start_transfer": 0.8, "start": "identity", "control_transfer": 0.0,
                    "control_hi": 0.1, "shuffled_transfer": 0.05, "shuffled_hi": 0.2,
