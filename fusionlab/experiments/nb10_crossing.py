@@ -63,7 +63,8 @@ FLOOR, SKYLINE = "floor (no document)", "skyline (master reads it)"
 def _read(wide: pd.DataFrame, div: pd.DataFrame, prefix: str, name: str, level: float, n_boot: int, seed: int,
           **meta: str) -> dict:
     """The crossing of the `prefix` rungs' curve from `wide` (unit x setting scores, higher = better), a rung's
-    setting being `name.format(rung)`; units missing any setting are dropped. `meta`: unit and of, kept in the result."""
+    setting being `name.format(rung)`; units missing any setting are dropped. `meta` (unit, of) is kept in the
+    result."""
     kl = div.set_index("recipe")["kl"]
     rungs = sorted((r for r in kl.index if str(r).startswith(prefix) and name.format(r) in wide), key=lambda r: kl[r])
     out = {"rungs": rungs, "kl": [float(kl[r]) for r in rungs], "level": level, **meta}

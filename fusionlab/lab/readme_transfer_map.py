@@ -131,8 +131,9 @@ def offload_ladder_markdown(folder: Path | None = None) -> str:
     return "\n".join(lines + _offload_rows(df)) + (
         f"\n\nfrom `data/results/10_offload_ladder.{size}.csv`: {int(df['n'].min())} items per setting (synthetic "
         "facts, English and Chinese, one document each), Wilson 95 % CIs; transfer = (offload − floor) / (skyline − "
-        "floor), paired bootstrap over items; McNemar: offload against the slave reading another document, and against "
-        "the slave answering alone (its ceiling: does the master read more out of its memory than it answers?)."
+        "floor), paired bootstrap over items; McNemar: offload against the slave reading another document, and "
+        "against the slave answering alone (its ceiling: does the master read more out of its memory than it "
+        "answers?)."
     ) + offload_stages_markdown(folder)
 
 
