@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import FusionLabError
+from .nb06_offload_stats import answered
 
 
 def _cross(xs: list[float], ys: list[float], level: float) -> float:
@@ -96,7 +97,7 @@ def accuracy_crossing(cells: pd.DataFrame, div: pd.DataFrame, of: str = "offload
     the slave stops knowing, beside where the channel stops carrying). The CI resamples items."""
     if of not in OF:
         raise FusionLabError(f"of={of!r} is not a curve of an offload grid; use one of {sorted(OF)}.")
-    done = cells[cells["label"].notna()].assign(ok=lambda d: (d["label"] == "correct").astype(float))
+    done = answered(cells).assign(ok=lambda d: (d["label"] == "correct").astype(float))
     wide = done.pivot_table(index="item", columns="setting", values="ok")
     return _read(wide, div, prefix, OF[of], level, n_boot, seed, unit="items", of=of)
 

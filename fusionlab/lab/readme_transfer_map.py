@@ -16,8 +16,7 @@ from ..experiments.nb10_offload import offload_plan
 from ..experiments.nb10_nll_stage import stage_rungs, table_name as nll_stage_table
 from ..experiments.nb10_offload_stage import stage_order, table_name
 from ..experiments.nb10_transfer_map import plan as ladder_plan
-from ..paths import results_dir
-from .results import best_table
+from .results import best_table, load_table
 
 HEAD = ("| slave | KL (nats/token) | distance | transfer [95% CI] | vs other document (nats) | slave's own gain | "
         "through lstsq | KVComm layers | text relay | K/V − relay (nats) | verdict | K/V vs relay |")
@@ -80,13 +79,12 @@ def _map_rows(df: pd.DataFrame) -> list[str]:
 
 def nll_stage_markdown(folder: Path | None = None) -> str:
     """The full NLL plan's rungs saved so far (`fusionlab nll-stage`), nearest first; '' if none."""
-    f = Path(folder or results_dir()) / f"{nll_stage_table('map')}.csv"
-    if not f.exists():
+    df = load_table(nll_stage_table("map"), folder)
+    if df is None:
         return ""
-    df = pd.read_csv(f)
     every = len(stage_rungs(ladder_plan("full")))
     return (f"\n\nThe full plan ({len(df)} of {every} rungs so far, `fusionlab nll-stage`; from "
-            f"`data/results/{f.name}`, {int(df['n'].min())} documents, the same columns):\n\n" +
+            f"`data/results/{nll_stage_table('map')}.csv`, {int(df['n'].min())} documents, the same columns):\n\n" +
             "\n".join([HEAD, "|" + "---|" * (HEAD.count("|") - 1), *_map_rows(df)]))
 
 
@@ -141,19 +139,18 @@ def offload_stages_markdown(folder: Path | None = None) -> str:
     """The full plan's offload stages saved so far (`fusionlab offload-stage`), one table per length; '' if none."""
     plan = offload_plan("full")
     every = len(stage_order(plan))
-    saved = {n: Path(folder or results_dir()) / f"{table_name('ladder', n)}.csv" for n in plan.lengths}
+    saved = {n: load_table(table_name("ladder", n), folder) for n in plan.lengths}
     blocks = []
-    for length, f in saved.items():
-        if not f.exists():
+    for length, df in saved.items():
+        if df is None:
             continue
-        df = pd.read_csv(f)
         blocks.append(
             f"\n\nThe full plan at {length} tokens ({len(df)} of {every} rungs so far, "
-            f"`fusionlab offload-stage --length {length}`; from `data/results/{f.name}`, "
+            f"`fusionlab offload-stage --length {length}`; from `data/results/{table_name('ladder', length)}.csv`, "
             f"{int(df['n'].min())} items per setting):\n\n" +
             "\n".join([OFFLOAD_HEAD, "|" + "---|" * (OFFLOAD_HEAD.count("|") - 1), *_offload_rows(df)]) +
             _stage_crossings(length, folder))
-    missing = [n for n, f in saved.items() if not f.exists()]
+    missing = [n for n, df in saved.items() if df is None]
     if blocks and missing:
         blocks.append(f"\n\nNot run yet at {', '.join(map(str, missing))} tokens.")
     return "".join(blocks)
@@ -162,12 +159,10 @@ def offload_stages_markdown(folder: Path | None = None) -> str:
 def _stage_crossings(length: int, folder: Path | None) -> str:
     """Where a stage's weight-noise rungs halve, as curves of KL (`nb10_crossing.accuracy_crossing`): the channel
     (offload) beside the slave alone (its ceiling); '' without the divergence table or two noise rungs."""
-    cells = Path(folder or results_dir()) / f"{table_name('cells', length)}.csv"
-    div = best_table("10_divergence", folder)
-    if div is None or not cells.exists():
+    cells, div = load_table(table_name("cells", length), folder), best_table("10_divergence", folder)
+    if div is None or cells is None:
         return ""
-    df = pd.read_csv(cells)
-    curves = [accuracy_crossing(df, div[0], of) for of in ("offload", "ceiling")]
+    curves = [accuracy_crossing(cells, div[0], of) for of in ("offload", "ceiling")]
     if len(curves[0]["rungs"]) < 2:
         return ""
     return (f"\n\nWeight-noise rungs ({', '.join(curves[0]['rungs'])}) as curves of their KL from "

@@ -42,17 +42,21 @@ def _newlines(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def _table_path(name: str, folder: Path | None) -> Path:
+    """Where table `name` (`<notebook>_<table>.<run size>`) lives: its run size picks the folder."""
+    size = name.rsplit(".", 1)[-1] if "." in name else ""
+    return _home_for(size, folder) / f"{name}.csv"
+
+
 def save_table(df: pd.DataFrame, name: str, folder: Path | None = None) -> Path:
     """`name`.csv (`<notebook>_<table>.<run size>`) in the results folder, written atomically; reading it back gives
     the same rows (text with carriage returns written as newlines)."""
-    size = name.rsplit(".", 1)[-1] if "." in name else ""
-    return atomic_write_text(_home_for(size, folder) / f"{name}.csv", _newlines(df).to_csv(index=False))
+    return atomic_write_text(_table_path(name, folder), _newlines(df).to_csv(index=False))
 
 
 def load_table(name: str, folder: Path | None = None) -> pd.DataFrame | None:
     """The table `save_table(df, name, folder)` wrote, or None where it has not been saved."""
-    size = name.rsplit(".", 1)[-1] if "." in name else ""
-    f = _home_for(size, folder) / f"{name}.csv"
+    f = _table_path(name, folder)
     return pd.read_csv(f) if f.exists() else None
 
 
