@@ -32,25 +32,27 @@ def _cross(xs: list[float], ys: list[float], level: float) -> float:
     return float("nan")
 
 
+def _at(f: np.ndarray, k: np.ndarray, v: np.ndarray, kls: list[float], level: float, idx: np.ndarray) -> float:
+    """The crossing on the units `idx` (one resample); NaN where the skyline is no better than the floor there."""
+    gap = k[idx].mean() - f[idx].mean()
+    if gap <= 0:
+        return float("nan")  # nothing to fall from
+    return _cross(kls, [(v[j, idx].mean() - f[idx].mean()) / gap for j in range(len(kls))], level)
+
+
 def curve(f: np.ndarray, k: np.ndarray, v: np.ndarray, kls: list[float], level: float = 0.5,
           n_boot: int = 2000, seed: int = 0) -> dict:
     """The crossing of one knob's curve from per-unit scores, higher = better (documents' negated NLL, items'
     correctness): f, k (n,) the floor and skyline, v (rungs, n) the rungs in KL order. A rung's transfer is
     (mean v - mean f) / (mean k - mean f); the CI resamples units. Returns crossing, lo, hi, share_defined,
     bracketed."""
-    def at(idx: np.ndarray) -> float:
-        gap = k[idx].mean() - f[idx].mean()
-        if gap <= 0:
-            return float("nan")  # the skyline no better than the floor on this resample: nothing to fall from
-        return _cross(kls, [(v[j, idx].mean() - f[idx].mean()) / gap for j in range(len(kls))], level)
-
     out = {"crossing": float("nan"), "lo": float("nan"), "hi": float("nan"), "share_defined": 0.0,
            "bracketed": False}
     if len(kls) < 2 or len(f) == 0:
         return out
-    point = at(np.arange(len(f)))
+    point = _at(f, k, v, kls, level, np.arange(len(f)))
     rng = np.random.default_rng(seed)
-    draws = np.array([at(rng.integers(0, len(f), len(f))) for _ in range(n_boot)])
+    draws = np.array([_at(f, k, v, kls, level, rng.integers(0, len(f), len(f))) for _ in range(n_boot)])
     ok = draws[np.isfinite(draws)]
     out |= {"crossing": point, "share_defined": len(ok) / n_boot, "bracketed": bool(np.isfinite(point))}
     if len(ok):
@@ -90,6 +92,12 @@ OF = {"offload": "+{}", "ceiling": "{} alone (reads it)"}
 """Which curve of an offload grid: the master reading the rung's slots, or the rung's slave answering alone."""
 
 
+def _wide_accuracy(cells: pd.DataFrame) -> pd.DataFrame:
+    """Offload cells as item x setting correctness (correct = 1, anything else = 0), cells that did not run dropped."""
+    done = answered(cells).assign(ok=lambda d: (d["label"] == "correct").astype(float))
+    return done.pivot_table(index="item", columns="setting", values="ok")
+
+
 def accuracy_crossing(cells: pd.DataFrame, div: pd.DataFrame, of: str = "offload", prefix: str = "noise:",
                       level: float = 0.5, n_boot: int = 2000, seed: int = 0) -> dict:
     """As `crossing`, on offload accuracy (`nb10_offload` cells; correct = 1, anything else = 0): `of` 'offload' is
@@ -97,9 +105,61 @@ def accuracy_crossing(cells: pd.DataFrame, div: pd.DataFrame, of: str = "offload
     the slave stops knowing, beside where the channel stops carrying). The CI resamples items."""
     if of not in OF:
         raise FusionLabError(f"of={of!r} is not a curve of an offload grid; use one of {sorted(OF)}.")
-    done = answered(cells).assign(ok=lambda d: (d["label"] == "correct").astype(float))
-    wide = done.pivot_table(index="item", columns="setting", values="ok")
-    return _read(wide, div, prefix, OF[of], level, n_boot, seed, unit="items", of=of)
+    return _read(_wide_accuracy(cells), div, prefix, OF[of], level, n_boot, seed, unit="items", of=of)
+
+
+ORDER = {"channel after": "the channel carries past the point where the slave stops knowing",
+         "channel before": "the channel fails before the slave stops knowing",
+         "indistinguishable": "the channel and the slave halve at indistinguishable KL",
+         "not bracketed": "one of the curves does not fall to the level within the ladder: no order to read"}
+"""`crossing_order`'s verdicts and how a sentence says them."""
+
+
+def crossing_order(cells: pd.DataFrame, div: pd.DataFrame, prefix: str = "noise:", level: float = 0.5,
+                   n_boot: int = 2000, seed: int = 0) -> dict:
+    """Does the channel fail before its slave forgets? The two offload curves (`accuracy_crossing`'s offload and
+    ceiling) on the same items and the same resamples: gap = log10(channel's crossing / slave's crossing), in decades
+    of KL, its 95% CI over paired resamples (those where both curves cross). Verdict, in this order: 'not bracketed'
+    (either point crossing undefined), 'channel after' (CI above 0: the master reads the sibling's memory at
+    divergences where the sibling can no longer answer), 'channel before' (CI below 0), else 'indistinguishable'."""
+    wide, kl = _wide_accuracy(cells), div.set_index("recipe")["kl"]
+    rungs = sorted((r for r in kl.index if str(r).startswith(prefix)
+                    and all(OF[of].format(r) in wide for of in OF)), key=lambda r: kl[r])
+    out = {"rungs": rungs, "level": level, "n": 0, "gap": float("nan"), "lo": float("nan"), "hi": float("nan"),
+           "share_defined": 0.0, "verdict": "not bracketed"}
+    if len(rungs) < 2 or FLOOR not in wide or SKYLINE not in wide:
+        return out
+    wide = wide[[FLOOR, SKYLINE] + [OF[of].format(r) for of in OF for r in rungs]].dropna()
+    f, k, kls = wide[FLOOR].to_numpy(), wide[SKYLINE].to_numpy(), [float(kl[r]) for r in rungs]
+    curves = [wide[[OF[of].format(r) for r in rungs]].to_numpy().T for of in OF]  # (rungs, items) each
+
+    def gap(idx: np.ndarray) -> float:
+        a, b = (_at(f, k, v, kls, level, idx) for v in curves)
+        return float(np.log10(a / b)) if a > 0 and b > 0 else float("nan")  # NaN propagates: not bracketed
+
+    out["n"] = len(wide)
+    if len(wide) == 0:
+        return out
+    point = gap(np.arange(len(wide)))
+    rng = np.random.default_rng(seed)
+    draws = np.array([gap(rng.integers(0, len(wide), len(wide))) for _ in range(n_boot)])
+    ok = draws[np.isfinite(draws)]
+    out |= {"gap": point, "share_defined": len(ok) / n_boot}
+    if len(ok):
+        out["lo"], out["hi"] = (float(q) for q in np.quantile(ok, [0.025, 0.975]))
+    if not np.isfinite(point) or not len(ok):
+        return out
+    out["verdict"] = ("channel after" if out["lo"] > 0 else "channel before" if out["hi"] < 0
+                      else "indistinguishable")
+    return out
+
+
+def order_sentence(c: dict) -> str:
+    """`crossing_order`'s result in one line."""
+    if c["verdict"] == "not bracketed":
+        return ORDER["not bracketed"]
+    return (f"{ORDER[c['verdict']]} (channel / slave crossing {c['gap']:+.2f} decades of KL [{c['lo']:+.2f}, "
+            f"{c['hi']:+.2f}], paired bootstrap over {c['n']} items)")
 
 
 def as_row(c: dict) -> dict:

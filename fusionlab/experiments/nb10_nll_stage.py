@@ -2,7 +2,7 @@
 
 Notebook 10's full NLL plan (every rung and both foreign families on up to 60 documents per domain, part A of 256 and
 part B of 128 master tokens, each slave also through `lstsq`, KVComm's layers and a 64-token text relay) is about
-half a day of fp32 on a 2-core CPU. A *stage* computes it one rung at a time in `stage_order` (the exact copy, the
+half a day of fp32 on a 2-core CPU. A *stage* computes it one rung at a time in `stage_rungs` (the exact copy, the
 foreign families, then the rungs where the default map breaks), the bus last, and after each rung hands the cells,
 the divergence rows and the map over the rungs finished so far to `on_rung` (`fusionlab nll-stage` saves them as
 `10_nll_stage_<kind>.full`). It makes the notebook's own calls with the notebook's own arguments, so its cells are
@@ -25,16 +25,7 @@ from . import nb07_corpora as corpora
 from . import nb10_finetune as finetune
 from . import nb10_nll_transfer as nll
 from . import nb10_transfer_map as tm
-from .nb10_offload_stage import chosen_rungs, stage_labels, stage_order
-
-BUS = "bus"
-"""The rung name of the foreign slaves together (the map's last rung; its label in the tables is `tm.bus_label`)."""
-
-
-def stage_rungs(plan: tm.Plan) -> list[str]:
-    """Every rung of `plan` in stage order, the bus last where the plan has one."""
-    return stage_order(plan) + ([BUS] if plan.bus and len(plan.foreign) > 1 else [])
-
+from .nb10_offload_stage import BUS, chosen_rungs, stage_labels, stage_rungs
 
 def table_name(kind: str, size: str = "full") -> str:
     """`10_nll_stage_<kind>.<size>`: kind 'cells', 'divergence' or 'map' (the ladder table over the rungs done)."""
@@ -54,7 +45,6 @@ def run_nll_stage(master: LM, rungs: list[str] | None = None, plan: tm.Plan | No
     plan = plan or tm.plan("full")
     rungs = chosen_rungs(stage_rungs(plan), rungs)
     label = stage_labels(plan)
-    label[BUS] = tm.bus_label({label[n]: None for n in plan.foreign})
     docs = corpora.documents() if docs is None else docs
     items = nll.pairs(master.tokenizer, docs, plan.a_tokens, plan.b_tokens, plan.per_domain)
     texts = (heldout_paragraphs() if texts is None else texts)[:plan.divergence_texts]

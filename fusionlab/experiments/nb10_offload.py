@@ -10,7 +10,8 @@ Per rung, with notebook 06's settings and scoring:
                                                               synthetic fact of the same language, same length)
 
 transfer = (offload - floor) / (skyline - floor), paired bootstrap over items (each item is its own document);
-offload vs control: exact McNemar. Each rung is judged by `nb10_claims.rung_verdict`.
+offload vs control: exact McNemar. Each rung is judged by `nb10_claims.rung_verdict`. The bus (every foreign slave at
+once, the ladder's last rung) has as its ceiling *any* member answering alone: the most its memories hold together.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from ..models.siblings import sibling
 from . import nb06_offload as off
 from . import nb06_offload_stats as stats
 from .nb10_claims import rung_verdict
-from .nb10_transfer_map import LADDER, foreign_settings, rung_settings
+from .nb10_transfer_map import LADDER, bus_label, foreign_settings, rung_settings
 from .nb10_synthetic_facts import LANGS, facts
 
 
@@ -45,19 +46,21 @@ class OffloadPlan:
     langs: tuple[str, ...] = LANGS
     max_new_tokens: int = 24
     seed: int = 0
+    bus: bool = False
+    """With two or more foreign slaves, their bus is the last rung."""
 
 
 def offload_plan(size: str) -> OffloadPlan:
     """QUICK: the exact copy on 2 English facts. Default: the copy, int4, noise 10 % and 20 % (either side of where
     NLL transfer halves) and both foreign families on 20 facts per language at 256 tokens. Full: every rung, 60 per
-    language at 256 / 1K / 2K tokens."""
+    language at 256 / 1K / 2K tokens, and the foreign slaves' bus."""
     foreign = ["smollm2-135m-instruct", "gemma3-270m"]
     if size == "quick":
         return OffloadPlan(["noise:0"], [], 2, [160], langs=("en",), max_new_tokens=12)
     if size == "default":
         return OffloadPlan(["noise:0", "int4", "noise:0.1", "noise:0.2"], foreign, 20, [256])
     if size == "full":
-        return OffloadPlan(list(LADDER), foreign, 60, [256, 1024, 2048])
+        return OffloadPlan(list(LADDER), foreign, 60, [256, 1024, 2048], bus=True)
     raise FusionLabError(f"unknown run size {size!r}: use 'quick', 'default' or 'full'.")
 
 
@@ -69,11 +72,47 @@ def items(master: LM, p: OffloadPlan, haystacks: dict[str, str] | None = None) -
     return off.build_items(master, [f.id for f in pool], [], p.lengths, p.depths, haystacks, needles=pool)
 
 
+def rung_names(rung: str) -> tuple[str, str]:
+    """A rung's offload setting and its ceiling setting in the cells: '+s' and 's alone (reads it)' for one slave;
+    for the bus (`bus_label`: members joined by ',') nb06's '+a +b' and the members' pooled ceiling (`bus_ceiling`)."""
+    return "+" + " +".join(rung.split(",")), f"{rung} alone (reads it)"
+
+
+def bus_ceiling(cells: pd.DataFrame, members: list[str]) -> pd.DataFrame:
+    """The bus's ceiling cells, derived from its members' (no generation): an item is correct where any member alone
+    answers it, wrong where all answered and none did; items some member did not answer are left out."""
+    alone = stats.answered(cells)
+    alone = alone[alone["setting"].isin([rung_names(m)[1] for m in members])]
+    done = alone.groupby("item")["setting"].nunique()
+    alone = alone[alone["item"].isin(done.index[done == len(members)])]
+    hit = alone.groupby("item")["label"].agg(lambda s: "correct" if (s == "correct").any() else "wrong")
+    first = alone.drop_duplicates("item").set_index("item")
+    return (first.assign(setting=rung_names(",".join(members))[1], label=hit, answer="(any member alone)",
+                         seconds=0.0).reset_index()[list(cells.columns)])
+
+
+def bus_offload(master: LM, foreign: dict[str, tuple[LM, LstsqProjector]], grid_items: list[off.Item],
+                max_new_tokens: int = 24, cache: Path | None = None, batch_size: int = 4) -> pd.DataFrame:
+    """The ladder's last rung: every foreign slave at once (nb06's bus) and its different-document control, beside
+    its members alone (read from the cell cache where their own rungs ran) and the bus's ceiling derived from them."""
+    name = rung_names(bus_label(foreign))[0]
+    grid = [st for st in off.settings(master, foreign, self_copy=False)
+            if st.role in ("floor", "skyline", "ceiling", "bus") or (st.role == "control" and st.control_of == name)]
+    cells = off.run(grid_items, grid, max_new_tokens, cache, batch_size)
+    return pd.concat([cells, bus_ceiling(cells, list(foreign))], ignore_index=True).assign(rung=bus_label(foreign))
+
+
+def ladder_order(plan: OffloadPlan, foreign: dict[str, Any]) -> list[str]:
+    """The rows of `plan`'s accuracy table with these foreign slaves (by their labels): rungs, slaves, the bus."""
+    return [*plan.rungs, *foreign] + ([bus_label(foreign)] if plan.bus and len(foreign) > 1 else [])
+
+
 def offload_ladder(master: LM, recipes: list[str], foreign: dict[str, tuple[LM, LstsqProjector]],
                    grid_items: list[off.Item], max_new_tokens: int = 24, cache: Path | None = None,
-                   batch_size: int = 4) -> pd.DataFrame:
-    """Offload cells for every rung (sibling recipes, then foreign slaves), one sibling in memory at a time; floor
-    and skyline are computed once (later rungs read them from the cell cache). Column `rung` names the slave."""
+                   batch_size: int = 4, bus: bool = False) -> pd.DataFrame:
+    """Offload cells for every rung (sibling recipes, then foreign slaves, then with `bus` and two or more of them
+    their bus), one sibling in memory at a time; floor and skyline are computed once (later rungs read them from the
+    cell cache). Column `rung` names the slave."""
     parts = []
     for recipe in recipes:
         sib = sibling(master, recipe)
@@ -83,6 +122,8 @@ def offload_ladder(master: LM, recipes: list[str], foreign: dict[str, tuple[LM, 
     for label, pair in foreign.items():
         parts.append(off.run(grid_items, foreign_settings(master, label, pair), max_new_tokens, cache,
                              batch_size).assign(rung=label))
+    if bus and len(foreign) > 1:
+        parts.append(bus_offload(master, foreign, grid_items, max_new_tokens, cache, batch_size))
     df = pd.concat(parts, ignore_index=True)
     return df.drop_duplicates(["setting", "item"]).reset_index(drop=True)
 
@@ -103,7 +144,7 @@ def accuracy_table(cells: pd.DataFrame, order: list[str]) -> pd.DataFrame:
     vs = stats.versus_control(cells).set_index("setting")
     rows = []
     for rung in order:
-        name, ceiling = f"+{rung}", f"{rung} alone (reads it)"
+        name, ceiling = rung_names(rung)
         if name not in vs.index:
             continue
         row: dict[str, Any] = {"slave": rung}

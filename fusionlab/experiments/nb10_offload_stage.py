@@ -2,8 +2,8 @@
 
 Notebook 10's full offload plan (every rung, 120 synthetic facts, at 256 / 1K / 2K tokens) is tens of hours of fp32
 generation on a 2-core CPU, so it cannot wait for one notebook run. A *stage* computes the full plan's cells at one
-length, rung after rung in `stage_order` (the positive control, then the foreign families, then the rungs where the
-NLL map breaks), and after each rung hands the cells and the accuracy table over the rungs finished so far to
+length, rung after rung in `stage_rungs` (the positive control, then the foreign families, then the rungs where the
+NLL map breaks, the bus last), and after each rung hands the cells and the accuracy table over the rungs finished so far to
 `on_rung` (`fusionlab offload-stage` saves them as `10_offload_cells_<length>.full` and
 `10_offload_ladder_<length>.full`). Its cells are the notebook's own (same items, decoys and cache keys), so a stage
 resumes from the cell cache and the notebook's full run later reads them back instead of recomputing.
@@ -24,6 +24,7 @@ from . import nb07_corpora as corpora
 from . import nb10_finetune as finetune
 from . import nb10_offload as offload
 from .nb06_offload import Item
+from .nb10_transfer_map import bus_label
 
 FIRST = ("noise:0", "smollm2-135m-instruct", "gemma3-270m", "int4", "noise:0.1", "noise:0.2", "prune:4")
 """Rungs a partial stage should hold first: the exact copy (the positive control every null needs), the foreign
@@ -31,11 +32,21 @@ families (the central null), and the rungs either side of where NLL transfer bre
 The NLL map's stage (`nb10_nll_stage`) walks the same order."""
 
 
+BUS = "bus"
+"""The rung name of the foreign slaves together (the ladder's last rung; its label in the tables is
+`nb10_transfer_map.bus_label`)."""
+
+
 def stage_order(plan: offload.OffloadPlan | Any) -> list[str]:
     """Every rung and foreign slave of `plan` (an offload plan or the NLL map's `nb10_transfer_map.Plan`: both have
     `.rungs` and `.foreign`), the `FIRST` ones first."""
     every = [*plan.rungs, *plan.foreign]
     return [r for r in FIRST if r in every] + [r for r in every if r not in FIRST]
+
+
+def stage_rungs(plan: offload.OffloadPlan | Any) -> list[str]:
+    """Every rung of `plan` in stage order, the bus last where the plan has one."""
+    return stage_order(plan) + ([BUS] if plan.bus and len(plan.foreign) > 1 else [])
 
 
 def chosen_rungs(order: list[str], rungs: list[str] | None) -> list[str]:
@@ -48,13 +59,15 @@ def chosen_rungs(order: list[str], rungs: list[str] | None) -> list[str]:
 
 def stage_labels(plan: offload.OffloadPlan | Any) -> dict[str, str]:
     """Each rung's name in the cells' settings and the tables: a sibling by its recipe, a foreign slave by its short
-    name (`fl.short_name`), which must tell the plan's slaves apart."""
+    name (`fl.short_name`), which must tell the plan's slaves apart; the bus by its members' names."""
     label = {r: short_name(r) if r in plan.foreign else r for r in stage_order(plan)}
     seen = pd.Series(list(label.values()))
     if seen.duplicated().any():
         raise FusionLabError(f"the plan's slaves {plan.foreign} share the short name "
                              f"{seen[seen.duplicated()].iloc[0]!r} (the part before the first hyphen), so their cells "
                              "would mix; give the models names that differ before the first hyphen.")
+    if BUS in stage_rungs(plan):
+        label[BUS] = bus_label({label[n]: None for n in plan.foreign})
     return label
 
 
@@ -76,19 +89,23 @@ def run_stage(master: LM, length: int, rungs: list[str] | None = None, plan: off
               cache: Path | None = None, on_rung: Callable[[pd.DataFrame, pd.DataFrame], Any] | None = None,
               load_slave: Callable[[str], LM] = load, haystacks: dict[str, str] | None = None,
               earlier: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Compute `plan`'s (default: the full plan's) cells at `length` for `rungs` (default: all, in `stage_order`;
+    """Compute `plan`'s (default: the full plan's) cells at `length` for `rungs` (default: all, in `stage_rungs`;
     fine-tuned siblings are trained first where their weights are missing), calling `on_rung(cells, table)` after each
     rung. `earlier`: cells a previous call saved, kept in the table (a call for some rungs must not drop the others).
     Returns the accuracy table over every rung this call computed or read back and the earlier ones."""
     plan = plan or offload.offload_plan("full")
-    rungs = chosen_rungs(stage_order(plan), rungs)
+    rungs = chosen_rungs(stage_rungs(plan), rungs)
     items = stage_items(master, plan, length, haystacks)
     label = stage_labels(plan)
     parts: list[pd.DataFrame] = [] if earlier is None else [earlier]
     table = pd.DataFrame()
     for r in rungs:
         t0 = time.perf_counter()
-        if r in plan.foreign:
+        if r == BUS:
+            pairs = {label[n]: (lm, fit_lstsq(master, lm)) for n in plan.foreign for lm in [load_slave(n)]}
+            parts.append(offload.bus_offload(master, pairs, items, plan.max_new_tokens, cache))
+            del pairs
+        elif r in plan.foreign:
             lm = load_slave(r)
             pair = {label[r]: (lm, fit_lstsq(master, lm))}
             parts.append(offload.offload_ladder(master, [], pair, items, plan.max_new_tokens, cache))

@@ -11,10 +11,10 @@ import pandas as pd
 from ..analysis.stats import interval
 from ..experiments.nb10_claims import (beyond_skyline_sentence, control_verdict, nll_rung_verdict, relay_verdict,
                                        rung_verdict)
-from ..experiments.nb10_crossing import accuracy_crossing, sentence
+from ..experiments.nb10_crossing import accuracy_crossing, crossing_order, order_sentence, sentence
 from ..experiments.nb10_offload import offload_plan
-from ..experiments.nb10_nll_stage import stage_rungs, table_name as nll_stage_table
-from ..experiments.nb10_offload_stage import stage_order, table_name
+from ..experiments.nb10_nll_stage import table_name as nll_stage_table
+from ..experiments.nb10_offload_stage import stage_rungs, table_name
 from ..experiments.nb10_transfer_map import plan as ladder_plan
 from .results import best_table, load_table
 
@@ -138,7 +138,7 @@ def offload_ladder_markdown(folder: Path | None = None) -> str:
 def offload_stages_markdown(folder: Path | None = None) -> str:
     """The full plan's offload stages saved so far (`fusionlab offload-stage`), one table per length; '' if none."""
     plan = offload_plan("full")
-    every = len(stage_order(plan))
+    every = len(stage_rungs(plan))
     saved = {n: load_table(table_name("ladder", n), folder) for n in plan.lengths}
     blocks = []
     for length, df in saved.items():
@@ -158,15 +158,18 @@ def offload_stages_markdown(folder: Path | None = None) -> str:
 
 def _stage_crossings(length: int, folder: Path | None) -> str:
     """Where a stage's weight-noise rungs halve, as curves of KL (`nb10_crossing.accuracy_crossing`): the channel
-    (offload) beside the slave alone (its ceiling); '' without the divergence table or two noise rungs."""
+    (offload) beside the slave alone (its ceiling), and which halves first (`crossing_order`); '' without the
+    divergence table or two noise rungs."""
     cells, div = load_table(table_name("cells", length), folder), best_table("10_divergence", folder)
     if div is None or cells is None:
         return ""
     curves = [accuracy_crossing(cells, div[0], of) for of in ("offload", "ceiling")]
     if len(curves[0]["rungs"]) < 2:
         return ""
+    order = order_sentence(crossing_order(cells, div[0]))
     return (f"\n\nWeight-noise rungs ({', '.join(curves[0]['rungs'])}) as curves of their KL from "
-            f"`data/results/10_divergence.{div[1]}.csv`: {sentence(curves[0])}; {sentence(curves[1])}.")
+            f"`data/results/10_divergence.{div[1]}.csv`: {sentence(curves[0])}; {sentence(curves[1])}. "
+            f"Paired on the same items: {order}.")
 
 
 CONTROL_HEAD = ("| slave | gate parametrisation | gate start → end | held-out transfer [95% CI] | training-free start | "

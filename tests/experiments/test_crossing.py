@@ -95,3 +95,36 @@ def test_offload_accuracy_without_a_gap_or_with_a_bad_curve_name_is_no_evidence(
     assert not c["bracketed"] and c["share_defined"] == 0.0 and math.isnan(c["crossing"])
     with pytest.raises(FusionLabError, match="of='slots'"):
         cr.accuracy_crossing(flat, DIV, of="slots")
+
+
+def test_crossing_order_reads_both_curves_on_the_same_resamples():
+    later = facts({"+noise:0": 1.0, "+noise:0.01": 1.0, "+noise:0.1": 0.9, "+noise:0.3": 0.1,
+                   "noise:0 alone (reads it)": 1.0, "noise:0.01 alone (reads it)": 0.9,
+                   "noise:0.1 alone (reads it)": 0.1, "noise:0.3 alone (reads it)": 0.0}, n=200)
+    c = cr.crossing_order(later, DIV)
+    off, own = (cr.accuracy_crossing(later, DIV, of)["crossing"] for of in ("offload", "ceiling"))
+    assert c["gap"] == pytest.approx(math.log10(off / own)) and c["gap"] > 0.5 and c["n"] == 200
+    assert c["lo"] > 0 and c["verdict"] == "channel after"
+    assert cr.order_sentence(c).startswith("the channel carries past the point where the slave stops knowing (")
+    def exchange(setting: str) -> str:  # the same data with the two curves' roles exchanged
+        if setting.startswith("+"):
+            return setting[1:] + " alone (reads it)"
+        return "+" + setting.removesuffix(" alone (reads it)") if setting.endswith(" alone (reads it)") else setting
+
+    swapped = later.assign(setting=later["setting"].map(exchange))
+    back = cr.crossing_order(swapped, DIV)
+    assert back["verdict"] == "channel before" and back["gap"] == pytest.approx(-c["gap"])
+
+
+def test_crossing_order_of_equal_curves_is_indistinguishable_and_degenerate_grids_have_no_order():
+    same = {"+noise:0": 1.0, "+noise:0.1": 0.6, "+noise:0.3": 0.2,
+            "noise:0 alone (reads it)": 1.0, "noise:0.1 alone (reads it)": 0.6, "noise:0.3 alone (reads it)": 0.2}
+    c = cr.crossing_order(facts(same), DIV)
+    assert c["gap"] == 0.0 and c["lo"] <= 0 <= c["hi"] and c["verdict"] == "indistinguishable"
+    flat = cr.crossing_order(facts({k: 0.0 for k in same}, skyline=0.0), DIV)  # an all-zero grid is no evidence
+    assert flat["verdict"] == "not bracketed" and math.isnan(flat["gap"]) and flat["share_defined"] == 0.0
+    high = cr.crossing_order(facts({k: 0.9 for k in same}), DIV)  # neither curve falls: nothing to order
+    assert high["verdict"] == "not bracketed"
+    assert cr.order_sentence(high).startswith("one of the curves does not fall")
+    one = cr.crossing_order(facts({"+noise:0": 1.0, "noise:0 alone (reads it)": 1.0}), DIV)
+    assert one["rungs"] == ["noise:0"] and one["verdict"] == "not bracketed"

@@ -150,3 +150,40 @@ def test_a_bad_stage_request_says_what_to_change(tiny, kw):
     plan = lad.OffloadPlan(["noise:0"], [], 2, [200], langs=("en",))
     with pytest.raises(FusionLabError, match="length=999|noise:0.5"):
         stage.run_stage(tiny("tiny-qwen2"), plan=plan, **kw)
+
+
+def test_the_bus_ceiling_is_any_member_answering_alone():
+    rows = [{"setting": f"{m} alone (reads it)", "role": "ceiling", "item": f"i{i}", "label": lab, "answer": "x",
+             "seconds": 1.0, "length": 256}
+            for m, labels in (("a", ["correct", "wrong", "wrong", None]), ("b", ["wrong", "correct", "wrong", "wrong"]))
+            for i, lab in enumerate(labels)]
+    cells = pd.DataFrame(rows)
+    bus = lad.bus_ceiling(cells, ["a", "b"])
+    assert list(bus.columns) == list(cells.columns) and set(bus["setting"]) == {"a,b alone (reads it)"}
+    assert bus.set_index("item")["label"].to_dict() == {"i0": "correct", "i1": "correct", "i2": "wrong"}  # i3: a
+    assert (bus["seconds"] == 0).all() and (bus["length"] == 256).all()  # did not run for a: left out, not wrong
+    assert lad.rung_names("a,b") == ("+a +b", "a,b alone (reads it)") and lad.rung_names("int4")[0] == "+int4"
+
+
+def test_a_stage_ends_with_the_bus_of_its_foreign_slaves(tiny, tmp_path):
+    from fusionlab.experiments import nb10_offload_stage as stage
+
+    m = tiny("tiny-qwen2")
+    (tmp_path / "en.txt").write_text(HAY)
+    plan = lad.OffloadPlan(["noise:0"], ["llama", "gemma3"], 3, [200], langs=("en",), max_new_tokens=4, bus=True)
+    assert stage.stage_rungs(plan) == ["noise:0", "llama", "gemma3", "bus"]
+    assert stage.stage_labels(plan)["bus"] == "llama,gemma3"
+    assert stage.stage_rungs(lad.OffloadPlan(["noise:0"], ["llama"], 3, [200], bus=True))[-1] == "llama"  # one slave
+    saved = []
+    table = stage.run_stage(m, 200, ["llama", "gemma3", "bus"], plan, cache=tmp_path / "c.jsonl",
+                            haystacks={"en": str(tmp_path / "en.txt")}, load_slave=lambda n: tiny(f"tiny-{n}"),
+                            on_rung=lambda cells, t: saved.append(cells))
+    assert table["slave"].tolist() == ["llama", "gemma3", "llama,gemma3"]
+    cells = saved[-1]
+    assert len(cells) == 3 * 2 + 2 * 3 * 3 + 3 * 3  # floor, skyline; each slave's 3 settings; bus, control, ceiling
+    bus = cells[cells["rung"] == "llama,gemma3"]
+    assert set(bus["setting"]) >= {"+llama +gemma3", "+llama +gemma3, shuffled doc", "llama,gemma3 alone (reads it)"}
+    ok = lambda s: cells[cells["setting"] == s].set_index("item")["label"].eq("correct")  # noqa: E731
+    assert ok("llama,gemma3 alone (reads it)").equals(ok("llama alone (reads it)") | ok("gemma3 alone (reads it)"))
+    row = table.set_index("slave").loc["llama,gemma3"]
+    assert row["ceiling"] == ok("llama,gemma3 alone (reads it)").mean() and row["n"] == 3

@@ -235,7 +235,7 @@ def test_offload_ladder_and_fuser_control_blocks_from_saved_tables(tmp_path):
                    "acc_setting": 0.75, "acc_control": 0.05}]).to_csv(tmp_path / "10_offload_ladder_256.full.csv",
                                                                       index=False)
     text = offload_ladder_markdown(tmp_path)  # a stage of the full plan follows the notebook's own table
-    assert "The full plan at 256 tokens (1 of 14 rungs so far" in text and "120 items per setting" in text
+    assert "The full plan at 256 tokens (1 of 15 rungs so far" in text and "120 items per setting" in text
     assert text.count("| noise:0 |") == 2 and text.endswith("Not run yet at 1024, 2048 tokens.")
     assert "| 1e-06 | - | transfers |" in text  # a table saved before p_vs_ceiling existed: no number made up
     pd.DataFrame([{"rung": "noise:0", "opening": "log", "gate_start": 0.135, "gate_end": 0.5, "transfer": 0.9,
@@ -345,3 +345,5 @@ def test_an_offload_stage_says_where_its_noise_rungs_halve_once_the_divergence_i
     assert ("Weight-noise rungs (noise:0, noise:0.1) as curves of their KL from `data/results/10_divergence.default"
             ".csv`: transfer falls to 50% of the gap at KL 0.5 nats/token") in text  # linear from the exact copy
     assert "; the slave's own accuracy falls to 50% of the gap at KL 0.5 nats/token" in text
+    assert ("Paired on the same items: the channel and the slave halve at indistinguishable KL (channel / slave "
+            "crossing +0.00 decades of KL [+0.00, +0.00], paired bootstrap over 40 items).") in text
