@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 
 from ..analysis.stats import interval
-from ..experiments.nb10_claims import (beyond_skyline_sentence, control_verdict, nll_rung_verdict, relay_verdict,
-                                       rung_verdict)
+from ..experiments.nb10_claims import beyond_skyline_sentence, nll_rung_verdict, relay_verdict, rung_verdict
+from ..experiments.nb10_fuser_claims import control_verdict
 from ..experiments.nb10_crossing import accuracy_crossing, crossing_order, order_sentence, sentence
 from ..experiments.nb10_offload import offload_plan
 from ..experiments.nb10_nll_stage import table_name as nll_stage_table

@@ -7,7 +7,8 @@ import pytest
 import fusionlab as fl
 
 from fusionlab.experiments import nb07_corpora as corpora, nb10_fuser_control as fc
-from fusionlab.experiments.nb10_claims import CONTROL_VERDICTS, control_verdict, foreign_fuser_claim, fuser_control_claim
+from fusionlab.experiments.nb10_fuser_claims import (CONTROL_VERDICTS, channel_state, control_verdict,
+                                                     failed_rung_fuser_claim, foreign_fuser_claim, fuser_control_claim)
 
 
 def test_the_control_trains_scores_and_reloads(tiny, monkeypatch, tmp_path):
@@ -52,7 +53,8 @@ def test_control_verdicts(kw, want):
 
 def fuser_row(rung, opening, start, **kw):
     return {"rung": rung, "opening": opening, "start": start, "n": 24, "docs": 13, "transfer": 0.7,
-            "start_transfer": 0.66, "control_transfer": 0.0, "shuffled_transfer": 0.05, **row(**kw)}
+            "start_transfer": 0.66, "start_lo": 0.5, "start_hi": 0.8, "control_transfer": 0.0,
+            "shuffled_transfer": 0.05, **row(**kw)}
 
 
 def table(*rows):
@@ -82,6 +84,31 @@ def test_x07_counts_only_beside_a_positive_control():
     assert foreign_fuser_claim(table(ok, fuser_row("gemma3", "log", "lstsq"))).verdict == "supported"
     assert foreign_fuser_claim(table(null)).verdict == "inconclusive"  # no positive control beside it
     assert "no positive control" in foreign_fuser_claim(table(null)).measured
+
+
+def test_a_rungs_channel_state_comes_from_its_measured_start():
+    assert channel_state(fuser_row("noise:0", "log", "identity")) == "works"
+    assert channel_state(fuser_row("noise:0.2", "log", "identity", start_lo=-2.0, start_hi=-0.5)) == "failed"
+    assert channel_state(fuser_row("noise:0.2", "log", "identity", start_lo=-0.1, start_hi=0.4)) == "partial"
+    assert channel_state(fuser_row("gemma3", "log", "lstsq", start_lo=-3.0, start_hi=-1.0)) == "foreign"
+
+
+def test_x06_leaves_out_rungs_whose_channel_failed_and_x09_judges_them_beside_it():
+    ok = fuser_row("noise:0", "log", "identity")
+    failed = dict(start_lo=-2.0, start_hi=-0.5)
+    shut = fuser_row("noise:0.2", "log", "identity", lo=-0.3, hi=0.1, control_hi=0.1, vs_start_lo=-2.0,
+                     vs_start_hi=-1.0, **failed)
+    assert fuser_control_claim(table(ok, shut)).verdict == "supported"  # the failed rung is not X06's question
+    x09 = failed_rung_fuser_claim(table(ok, shut))
+    assert x09.claim_id == "X09" and x09.verdict == "not supported" and "noise:0.2 (log)" in x09.measured
+    carries = fuser_row("noise:0.2", "log", "identity", lo=0.3, hi=0.6, control_hi=0.2, shuffled_hi=0.25, **failed)
+    assert failed_rung_fuser_claim(table(ok, carries)).verdict == "supported"
+    between = fuser_row("noise:0.2", "log", "identity", lo=0.1, hi=0.6, control_hi=0.2, **failed)
+    assert failed_rung_fuser_claim(table(ok, between)).verdict == "inconclusive"
+    assert failed_rung_fuser_claim(table(carries)).verdict == "inconclusive"  # no positive control beside it
+    none = failed_rung_fuser_claim(table(ok))
+    assert none.verdict == "inconclusive" and none.measured.startswith("no sibling rung whose training-free channel")
+    assert failed_rung_fuser_claim(table()).verdict == "inconclusive"  # an empty table is no evidence
 
 
 def test_the_log_fuser_starts_exactly_at_the_rungs_training_free_channel(tiny):
