@@ -30,6 +30,8 @@ from ..models.siblings import sibling
 from . import nb06_offload as off
 from . import nb06_offload_stats as stats
 from .nb10_claims import rung_verdict
+from .nb10_offload_relay import relay_cells, relay_name
+from .nb10_text_relay import Relay
 from .nb10_transfer_map import LADDER, bus_label, foreign_settings, rung_settings
 from .nb10_synthetic_facts import LANGS, facts
 
@@ -48,19 +50,21 @@ class OffloadPlan:
     seed: int = 0
     bus: bool = False
     """With two or more foreign slaves, their bus is the last rung."""
+    relay_tokens: int = 0
+    """Each slave's text relay on the same items (`nb10_offload_relay`), its note at most this long (0: none)."""
 
 
 def offload_plan(size: str) -> OffloadPlan:
     """QUICK: the exact copy on 2 English facts. Default: the copy, int4, noise 10 % and 20 % (either side of where
     NLL transfer halves) and both foreign families on 20 facts per language at 256 tokens. Full: every rung, 60 per
-    language at 256 / 1K / 2K tokens, and the foreign slaves' bus."""
+    language at 256 / 1K / 2K tokens, each slave's 32-token text relay, and the foreign slaves' bus."""
     foreign = ["smollm2-135m-instruct", "gemma3-270m"]
     if size == "quick":
         return OffloadPlan(["noise:0"], [], 2, [160], langs=("en",), max_new_tokens=12)
     if size == "default":
         return OffloadPlan(["noise:0", "int4", "noise:0.1", "noise:0.2"], foreign, 20, [256])
     if size == "full":
-        return OffloadPlan(list(LADDER), foreign, 60, [256, 1024, 2048], bus=True)
+        return OffloadPlan(list(LADDER), foreign, 60, [256, 1024, 2048], bus=True, relay_tokens=32)
     raise FusionLabError(f"unknown run size {size!r}: use 'quick', 'default' or 'full'.")
 
 
@@ -109,19 +113,25 @@ def ladder_order(plan: OffloadPlan, foreign: dict[str, Any]) -> list[str]:
 
 def offload_ladder(master: LM, recipes: list[str], foreign: dict[str, tuple[LM, LstsqProjector]],
                    grid_items: list[off.Item], max_new_tokens: int = 24, cache: Path | None = None,
-                   batch_size: int = 4, bus: bool = False) -> pd.DataFrame:
+                   batch_size: int = 4, bus: bool = False, relay_tokens: int = 0) -> pd.DataFrame:
     """Offload cells for every rung (sibling recipes, then foreign slaves, then with `bus` and two or more of them
-    their bus), one sibling in memory at a time; floor and skyline are computed once (later rungs read them from the
-    cell cache). Column `rung` names the slave."""
+    their bus), with `relay_tokens` each slave's text relay too, one sibling in memory at a time; floor and skyline
+    are computed once (later rungs read them from the cell cache). Column `rung` names the slave."""
     parts = []
     for recipe in recipes:
         sib = sibling(master, recipe)
         grid = rung_settings(master, recipe, sib)
         parts.append(off.run(grid_items, grid, max_new_tokens, cache, batch_size).assign(rung=recipe))
+        if relay_tokens:
+            parts.append(relay_cells(master, Relay(recipe, sib, relay_tokens), grid_items, max_new_tokens, cache,
+                                     batch_size))
         del sib, grid
     for label, pair in foreign.items():
         parts.append(off.run(grid_items, foreign_settings(master, label, pair), max_new_tokens, cache,
                              batch_size).assign(rung=label))
+        if relay_tokens:
+            parts.append(relay_cells(master, Relay(label, pair[0], relay_tokens), grid_items, max_new_tokens, cache,
+                                     batch_size))
     if bus and len(foreign) > 1:
         parts.append(bus_offload(master, foreign, grid_items, max_new_tokens, cache, batch_size))
     df = pd.concat(parts, ignore_index=True)
@@ -158,6 +168,8 @@ def accuracy_table(cells: pd.DataFrame, order: list[str]) -> pd.DataFrame:
                    acc_setting=vs.loc[name, "acc_setting"], acc_control=vs.loc[name, "acc_control"],
                    p_value=vs.loc[name, "p_value"],
                    p_vs_ceiling=alone["p_value"] if alone["n"] else float("nan"))  # more than the slave answers?
+        if relay_name(rung) in vs.index:
+            row.update(_relay_columns(cells, name, relay_name(rung), tr, vs))
         rows.append(row)
     out = pd.DataFrame(rows)
     if len(out):
@@ -165,8 +177,24 @@ def accuracy_table(cells: pd.DataFrame, order: list[str]) -> pd.DataFrame:
     return out
 
 
+def _relay_columns(cells: pd.DataFrame, name: str, relay: str, tr: pd.DataFrame, vs: pd.DataFrame) -> dict[str, Any]:
+    """The rung's text relay beside its K/V offload `name`: accuracy (Wilson), transfer, its other-document control,
+    McNemar of K/V against the relay (paired by item), and both costs per item (seconds; the note's master tokens)."""
+    k, n = _acc(cells, relay)
+    lo, hi = wilson(k, n)
+    kv = stats.versus(cells, name, relay)
+    done = stats.answered(cells)
+    per_item = lambda s: float(done.loc[done["setting"] == s, "seconds"].mean())  # noqa: E731
+    return {"relay": k / n if n else float("nan"), "relay_lo": lo, "relay_hi": hi,
+            "relay_transfer": tr.loc[relay, "transfer"], "relay_control": vs.loc[relay, "acc_control"],
+            "relay_p_value": vs.loc[relay, "p_value"], "p_vs_relay": kv["p_value"] if kv["n"] else float("nan"),
+            "note_tokens": float(done.loc[done["setting"] == relay, "note_tokens"].mean()),
+            "relay_seconds": per_item(relay), "offload_seconds": per_item(name)}
+
+
 SUMMARY = ("slave", "n", "floor", "skyline", "ceiling", "ceiling_lo", "offload", "offload_lo", "offload_hi",
-           "control", "transfer", "lo", "hi", "p_value", "p_vs_ceiling", "verdict")
+           "control", "transfer", "lo", "hi", "p_value", "p_vs_ceiling", "relay", "relay_control", "p_vs_relay",
+           "verdict")
 
 
 def summary(table: pd.DataFrame) -> pd.DataFrame:

@@ -51,9 +51,9 @@ def reads(note: str) -> str:
     return NOTE_HEAD + note + "\n\n"
 
 
-def notes(relay: Relay, texts: list[str], cache: CellCache) -> dict[str, dict[str, Any]]:
-    """The writer's note on each distinct text (cached by writer, the whole prompt it answers, and budget), with
-    its cost."""
+def notes(relay: Relay, prompts: list[str], cache: CellCache) -> dict[str, dict[str, Any]]:
+    """The writer's note for each distinct prompt (cached by writer, the whole prompt it answers, and budget), with
+    its cost, keyed by the prompt."""
     def write(fused: FusedModel, cs: list[Cell],
               emit: Callable[[int, dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
         return records_as_rows_end(  # note_seconds: since the previous note ended, so sums are wall time
@@ -61,10 +61,9 @@ def notes(relay: Relay, texts: list[str], cache: CellCache) -> dict[str, dict[st
             lambda j, note, cost: {"note": note, "note_seconds": round(cost.seconds, 3)}, emit,
             max_new_tokens=relay.tokens, chat=True)
 
-    distinct = list(dict.fromkeys(texts))
-    prompts = [NOTE_PROMPT.format(text=t) for t in distinct]
+    distinct = list(dict.fromkeys(prompts))
     cells = [Cell(cell_key("relay-note", relay.writer.fingerprint[:12], _digest(q), relay.tokens), {}, q)
-             for q in prompts]
+             for q in distinct]
     recs = run_cells(cache, cells, lambda: closing(fuse(relay.writer, [])), lambda f, c: write(f, [c])[0],
                      desc=f"{relay.label} notes", compute_batch=write, batch_size=GROUP_SEATS * 4, streams=True)
     return dict(zip(distinct, recs))
@@ -85,13 +84,14 @@ def run(master: LM, items: list[Pair], relays: list[Relay], cache: Path | None =
 
     rows = []
     for relay in relays:
-        written = notes(relay, [p.part_a for p in items] + [p.other_a for p in items], store)
+        written = notes(relay, [NOTE_PROMPT.format(text=p.part_a) for p in items] +
+                        [NOTE_PROMPT.format(text=p.other_a) for p in items], store)
         name = f"{relay.label} text relay"
         for setting, role, control_of, source in ((name, "relay", None, "part_a"),
                                                   (f"{name}, other doc's note", "control", name, "other_a")):
             cells = []
             for p in items:
-                note = written[getattr(p, source)]
+                note = written[NOTE_PROMPT.format(text=getattr(p, source))]
                 key = cell_key("relay-nll", master.fingerprint[:12], _digest(reads(note["note"]) + "\x00" + p.part_b))
                 cells.append(Cell(key, {"setting": setting, "doc": p.doc, "domain": p.domain}, (p, note)))
             for rec in run_cells(store, cells, lambda: closing(fuse(master, [])), score, desc=setting):

@@ -149,11 +149,28 @@ def offload_stages_markdown(folder: Path | None = None) -> str:
             f"`fusionlab offload-stage --length {length}`; from `data/results/{table_name('ladder', length)}.csv`, "
             f"{int(df['n'].min())} items per setting):\n\n" +
             "\n".join([OFFLOAD_HEAD, "|" + "---|" * (OFFLOAD_HEAD.count("|") - 1), *_offload_rows(df)]) +
-            _stage_crossings(length, folder))
+            _relay_block(df, plan.relay_tokens) + _stage_crossings(length, folder))
     missing = [n for n, df in saved.items() if df is None]
     if blocks and missing:
         blocks.append(f"\n\nNot run yet at {', '.join(map(str, missing))} tokens.")
     return "".join(blocks)
+
+
+RELAY_HEAD = ("| slave | K/V offload | text relay | relay reading another document's note | McNemar p K/V vs relay | "
+              "note (master tokens) | seconds per item: relay / K/V |")
+
+
+def _relay_block(df: pd.DataFrame, tokens: int) -> str:
+    """The rungs whose text relay ran (`nb10_offload_relay`), K/V beside talking on the same items; '' if none."""
+    rows = df[df["relay"].notna()].to_dict("records") if "relay" in df else []
+    if not rows:
+        return ""
+    lines = [f"| {r['slave']} | {_acc(r, 'offload')} | {_acc(r, 'relay')} | {r['relay_control']:.0%} | "
+             f"{_p(r, 'p_vs_relay')} | {r['note_tokens']:.0f} | {r['relay_seconds']:.1f} / {r['offload_seconds']:.1f} |"
+             for r in rows]
+    return ("\n\nThe text relay on the same items (the slave reads document and question and writes a greedy note of at "
+            f"most {tokens} tokens; the master reads only the note and the question):\n\n" +
+            "\n".join([RELAY_HEAD, "|" + "---|" * (RELAY_HEAD.count("|") - 1), *lines]))
 
 
 def _stage_crossings(length: int, folder: Path | None) -> str:

@@ -187,3 +187,48 @@ def test_a_stage_ends_with_the_bus_of_its_foreign_slaves(tiny, tmp_path):
     assert ok("llama,gemma3 alone (reads it)").equals(ok("llama alone (reads it)") | ok("gemma3 alone (reads it)"))
     row = table.set_index("slave").loc["llama,gemma3"]
     assert row["ceiling"] == ok("llama,gemma3 alone (reads it)").mean() and row["n"] == 3
+
+
+def test_the_text_relay_answers_the_same_items_from_the_slaves_note(tiny, tmp_path, monkeypatch):
+    from fusionlab.experiments import nb10_offload_relay as orelay
+    from fusionlab.experiments.nb10_text_relay import Relay
+    from fusionlab.models.siblings import sibling
+
+    m = tiny("tiny-qwen2")
+    (tmp_path / "en.txt").write_text(HAY)
+    plan = lad.OffloadPlan(["noise:0"], [], 3, [200], langs=("en",), max_new_tokens=4, relay_tokens=6)
+    items = lad.items(m, plan, {"en": str(tmp_path / "en.txt")})
+    df = lad.offload_ladder(m, plan.rungs, {}, items, 4, cache=tmp_path / "c.jsonl", relay_tokens=plan.relay_tokens)
+    relay = df[df["setting"].str.startswith("noise:0 text relay")]
+    assert set(relay["setting"]) == {"noise:0 text relay", "noise:0 text relay, other doc's note"}
+    assert set(relay["role"]) == {"relay", "control"} and (relay.groupby("setting").size() == 3).all()
+    assert (relay["note_tokens"] > 0).all() and (relay["seconds"] >= relay["note_seconds"]).all()
+    mine = relay[relay["setting"] == "noise:0 text relay"].set_index("item")["note"]
+    other = relay[relay["role"] == "control"].set_index("item")["note"]
+    assert (mine != other).any()  # a note on the decoy is another note
+    table = lad.accuracy_table(df, plan.rungs)
+    assert {"relay", "relay_lo", "relay_control", "p_vs_relay", "note_tokens", "relay_seconds",
+            "offload_seconds"} <= set(table.columns)
+    before = (tmp_path / "c.jsonl").read_text()
+    again = orelay.relay_cells(m, Relay("noise:0", sibling(m, "noise:0"), 6), items, 4, tmp_path / "c.jsonl")
+    # the same writer again: its notes and the master's answers come from the cache
+    assert (tmp_path / "c.jsonl").read_text() == before and again["answer"].tolist() == relay["answer"].tolist()
+
+    monkeypatch.setattr(orelay, "notes", lambda relay, prompts, cache: {p: {"note": "", "note_seconds": 0.0}
+                                                                        for p in prompts})
+    empty = orelay.relay_cells(m, Relay("mute", m, 6), items, 4, tmp_path / "c.jsonl")
+    assert len(empty) == 6 and empty["label"].notna().all() and (empty["note_tokens"] == 0).all()  # scored, not skipped
+
+
+def test_the_relay_columns_compare_kv_with_talking_on_the_same_items():
+    base = cells(ALL, ALL, NONE, NONE, ALL)
+    extra = [{"setting": s, "role": role, "item": f"i{i}", "label": "correct" if ok else "wrong",
+              "control_of": "s text relay" if role == "control" else None, "note_tokens": 10, "seconds": 2.0}
+             for s, role, labels in (("s text relay", "relay", HALF), ("s text relay, other doc's note", "control", NONE))
+             for i, ok in enumerate(labels)]
+    row = lad.accuracy_table(pd.concat([base.assign(seconds=1.0), pd.DataFrame(extra)], ignore_index=True),
+                             ["s"]).iloc[0]
+    assert row["relay"] == 0.5 and row["relay_control"] == 0.0 and row["relay_transfer"] == 0.5
+    assert row["p_vs_relay"] == pytest.approx(2 / 2**15)  # K/V right on 15 items the relay missed, never the reverse
+    assert row["note_tokens"] == 10 and row["relay_seconds"] == 2.0 and row["offload_seconds"] == 1.0
+    assert "relay" not in lad.accuracy_table(base, ["s"]).columns  # no relay measured: no relay columns

@@ -326,6 +326,24 @@ def test_the_seats_benchmark_renders_each_setting_against_its_first_seat_count(t
     assert text.endswith("completions differing from 8 seats: 2.")
 
 
+def test_an_offload_stage_puts_its_text_relays_beside_the_kv_channel(tmp_path):
+    from fusionlab.experiments.nb10_offload_stage import table_name
+    from fusionlab.lab.readme_transfer_map import offload_stages_markdown
+
+    acc = {f"{c}{s}": 0.5 for c in ("floor", "skyline", "ceiling", "offload", "control") for s in ("", "_lo", "_hi")}
+    row = {"slave": "noise:0", "n": 120, "transfer": 1.0, "lo": 1.0, "hi": 1.0, "p_value": 1e-6, **acc}
+    pd.DataFrame([row]).to_csv(tmp_path / f"{table_name('ladder', 256)}.csv", index=False)
+    assert "text relay" not in offload_stages_markdown(tmp_path)  # a table saved before the relay: no block
+    relay = {"relay": 0.25, "relay_lo": 0.2, "relay_hi": 0.3, "relay_control": 0.0, "p_vs_relay": 3e-9,
+             "note_tokens": 21.4, "relay_seconds": 2.04, "offload_seconds": 1.51}
+    pd.DataFrame([row | relay, {**row, "slave": "int4"}]).to_csv(tmp_path / f"{table_name('ladder', 256)}.csv",
+                                                                 index=False)
+    text = offload_stages_markdown(tmp_path)
+    assert "writes a greedy note of at most 32 tokens" in text
+    assert "| noise:0 | 50% [50%, 50%] | 25% [20%, 30%] | 0% | 3e-09 | 21 | 2.0 / 1.5 |" in text
+    assert "| int4 | 50% [50%, 50%] | 25%" not in text  # a rung whose relay did not run has no relay row
+
+
 def test_an_offload_stage_says_where_its_noise_rungs_halve_once_the_divergence_is_saved(tmp_path):
     from fusionlab.experiments.nb10_offload_stage import table_name
     from fusionlab.lab.readme_transfer_map import offload_stages_markdown
