@@ -1,7 +1,7 @@
 """The text relay on offload accuracy (notebook 10): is sending K/V better than talking, on the same questions?
 
-The slave reads the document *and the question* and writes a short greedy note (at most `Relay.tokens` tokens, in
-its own tokenizer and chat template); the master reads only that note and the question, and answers. Scored as every
+The slave reads the document *and the question* and writes a short greedy note answering it (at most `Relay.tokens`
+tokens, in its own tokenizer and chat template); the master reads only that note and the question, and answers. Scored as every
 offload setting is (`nb06_offload.score_item`), so its rows join the rung's K/V cells:
 
     relay     the master reads the slave's note on the item's document
@@ -25,8 +25,10 @@ from ..engine.lm import LM
 from . import nb06_offload as off
 from .nb10_text_relay import NOTE_HEAD, Relay, notes
 
-QA_NOTE_PROMPT = ("Someone who cannot see the document below has to answer this question: {question}\n"
-                  "Write a short note with what the document says that they need to answer it.\n\n{document}")
+QA_NOTE_PROMPT = ("{document}\nSomeone who cannot see the document above has to answer this question: {question}\n"
+                  "Answer it for them in one short sentence, with the exact names, numbers or codes the document gives.")
+"""What the slave is asked: the question's answer, as it would say it (the note then carries what the slave knows;
+a first prompt asking for 'a short note' made Gemma 270M echo the document's opening, 0 of 120 answered)."""
 
 
 def relay_name(label: str) -> str:

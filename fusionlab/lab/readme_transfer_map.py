@@ -168,8 +168,8 @@ def _relay_block(df: pd.DataFrame, tokens: int) -> str:
     lines = [f"| {r['slave']} | {_acc(r, 'offload')} | {_acc(r, 'relay')} | {r['relay_control']:.0%} | "
              f"{_p(r, 'p_vs_relay')} | {r['note_tokens']:.0f} | {r['relay_seconds']:.1f} / {r['offload_seconds']:.1f} |"
              for r in rows]
-    return ("\n\nThe text relay on the same items (the slave reads document and question and writes a greedy note of at "
-            f"most {tokens} tokens; the master reads only the note and the question):\n\n" +
+    return ("\n\nThe text relay on the same items (the slave reads document and question and writes a greedy note "
+            f"answering it, at most {tokens} tokens; the master reads only the note and the question):\n\n" +
             "\n".join([RELAY_HEAD, "|" + "---|" * (RELAY_HEAD.count("|") - 1), *lines]))
 
 

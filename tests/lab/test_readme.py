@@ -339,7 +339,7 @@ def test_an_offload_stage_puts_its_text_relays_beside_the_kv_channel(tmp_path):
     pd.DataFrame([row | relay, {**row, "slave": "int4"}]).to_csv(tmp_path / f"{table_name('ladder', 256)}.csv",
                                                                  index=False)
     text = offload_stages_markdown(tmp_path)
-    assert "writes a greedy note of at most 32 tokens" in text
+    assert "writes a greedy note answering it, at most 32 tokens" in text
     assert "| noise:0 | 50% [50%, 50%] | 25% [20%, 30%] | 0% | 3e-09 | 21 | 2.0 / 1.5 |" in text
     assert "| int4 | 50% [50%, 50%] | 25%" not in text  # a rung whose relay did not run has no relay row
 
