@@ -27,8 +27,11 @@ from .nb10_text_relay import NOTE_HEAD, Relay, notes
 
 QA_NOTE_PROMPT = ("{document}\nSomeone who cannot see the document above has to answer this question: {question}\n"
                   "Answer it for them in one short sentence, with the exact names, numbers or codes the document gives.")
-"""What the slave is asked: the question's answer, as it would say it (the note then carries what the slave knows;
-a first prompt asking for 'a short note' made Gemma 270M echo the document's opening, 0 of 120 answered)."""
+"""What the slave is asked: the question's answer, as it would say it. Neither prompt tried so far gives Gemma 270M a
+usable note on the 256-token stage (2026-12-07): 'write a short note' made it echo the document's opening (0 of 120
+relayed); with this one, 81 of the last 95 notes it wrote before the run was stopped were only '<p>' tags, the rest
+'<p>The answer is 1000...' or similar. Not yet measured, and the next thing to try: the note = the slave's answer in
+its ceiling's own format (the document before the chat turn), in which it answers 44 %."""
 
 
 def relay_name(label: str) -> str:
