@@ -13,6 +13,7 @@ slave forgets can be told from one that fails because it does.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -40,6 +41,16 @@ def _at(f: np.ndarray, k: np.ndarray, v: np.ndarray, kls: list[float], level: fl
     return _cross(kls, [(v[j, idx].mean() - f[idx].mean()) / gap for j in range(len(kls))], level)
 
 
+def _resampled(stat: Callable[[np.ndarray], float], n: int, n_boot: int, seed: int) -> dict:
+    """`stat` on all n units (`point`) and its 95 % percentile CI over `n_boot` resamples of them, leaving out the
+    resamples where it is undefined (NaN); `share_defined` says how many were kept."""
+    rng = np.random.default_rng(seed)
+    draws = np.array([stat(rng.integers(0, n, n)) for _ in range(n_boot)])
+    ok = draws[np.isfinite(draws)]
+    lo, hi = (float(q) for q in np.quantile(ok, [0.025, 0.975])) if len(ok) else (float("nan"), float("nan"))
+    return {"point": stat(np.arange(n)), "lo": lo, "hi": hi, "share_defined": len(ok) / n_boot}
+
+
 def curve(f: np.ndarray, k: np.ndarray, v: np.ndarray, kls: list[float], level: float = 0.5,
           n_boot: int = 2000, seed: int = 0) -> dict:
     """The crossing of one knob's curve from per-unit scores, higher = better (documents' negated NLL, items'
@@ -50,14 +61,9 @@ def curve(f: np.ndarray, k: np.ndarray, v: np.ndarray, kls: list[float], level: 
            "bracketed": False}
     if len(kls) < 2 or len(f) == 0:
         return out
-    point = _at(f, k, v, kls, level, np.arange(len(f)))
-    rng = np.random.default_rng(seed)
-    draws = np.array([_at(f, k, v, kls, level, rng.integers(0, len(f), len(f))) for _ in range(n_boot)])
-    ok = draws[np.isfinite(draws)]
-    out |= {"crossing": point, "share_defined": len(ok) / n_boot, "bracketed": bool(np.isfinite(point))}
-    if len(ok):
-        out["lo"], out["hi"] = (float(q) for q in np.quantile(ok, [0.025, 0.975]))
-    return out
+    r = _resampled(lambda idx: _at(f, k, v, kls, level, idx), len(f), n_boot, seed)
+    return out | {"crossing": r["point"], "lo": r["lo"], "hi": r["hi"], "share_defined": r["share_defined"],
+                  "bracketed": bool(np.isfinite(r["point"]))}
 
 
 FLOOR, SKYLINE = "floor (no document)", "skyline (master reads it)"
@@ -140,14 +146,9 @@ def crossing_order(cells: pd.DataFrame, div: pd.DataFrame, prefix: str = "noise:
     out["n"] = len(wide)
     if len(wide) == 0:
         return out
-    point = gap(np.arange(len(wide)))
-    rng = np.random.default_rng(seed)
-    draws = np.array([gap(rng.integers(0, len(wide), len(wide))) for _ in range(n_boot)])
-    ok = draws[np.isfinite(draws)]
-    out |= {"gap": point, "share_defined": len(ok) / n_boot}
-    if len(ok):
-        out["lo"], out["hi"] = (float(q) for q in np.quantile(ok, [0.025, 0.975]))
-    if not np.isfinite(point) or not len(ok):
+    r = _resampled(gap, len(wide), n_boot, seed)
+    out |= {"gap": r["point"], "lo": r["lo"], "hi": r["hi"], "share_defined": r["share_defined"]}
+    if not np.isfinite(r["point"]) or not r["share_defined"]:
         return out
     out["verdict"] = ("channel after" if out["lo"] > 0 else "channel before" if out["hi"] < 0
                       else "indistinguishable")

@@ -1,8 +1,8 @@
 """The text relay on offload accuracy (notebook 10): is sending K/V better than talking, on the same questions?
 
 The slave reads the document *and the question* and writes a short greedy note answering it (at most `Relay.tokens`
-tokens, in its own tokenizer and chat template); the master reads only that note and the question, and answers. Scored as every
-offload setting is (`nb06_offload.score_item`), so its rows join the rung's K/V cells:
+tokens, in its own tokenizer and chat template); the master reads only that note and the question, and answers.
+Scored as every offload setting is (`nb06_offload.score_item`), so its rows join the rung's K/V cells:
 
     relay     the master reads the slave's note on the item's document
     control   the master reads the slave's note on the item's decoy (another fact, the K/V control's document):
@@ -26,7 +26,8 @@ from . import nb06_offload as off
 from .nb10_text_relay import NOTE_HEAD, Relay, notes
 
 QA_NOTE_PROMPT = ("{document}\nSomeone who cannot see the document above has to answer this question: {question}\n"
-                  "Answer it for them in one short sentence, with the exact names, numbers or codes the document gives.")
+                  "Answer it for them in one short sentence, with the exact names, numbers or codes the document "
+                  "gives.")
 """What the slave is asked: the question's answer, as it would say it. Neither prompt tried so far gives Gemma 270M a
 usable note on the 256-token stage (2026-12-07): 'write a short note' made it echo the document's opening (0 of 120
 relayed); with this one, 81 of the last 95 notes it wrote before the run was stopped were only '<p>' tags, the rest

@@ -3,8 +3,8 @@
 Notebook 10's full offload plan (every rung, 120 synthetic facts, at 256 / 1K / 2K tokens) is tens of hours of fp32
 generation on a 2-core CPU, so it cannot wait for one notebook run. A *stage* computes the full plan's cells at one
 length, rung after rung in `stage_rungs` (the positive control, then the foreign families, then the rungs where the
-NLL map breaks, the bus last), and after each rung hands the cells and the accuracy table over the rungs finished so far to
-`on_rung` (`fusionlab offload-stage` saves them as `10_offload_cells_<length>.full` and
+NLL map breaks, the bus last), and after each rung hands the cells and the accuracy table over the rungs finished so
+far to `on_rung` (`fusionlab offload-stage` saves them as `10_offload_cells_<length>.full` and
 `10_offload_ladder_<length>.full`). Its cells are the notebook's own (same items, decoys and cache keys), so a stage
 resumes from the cell cache and the notebook's full run later reads them back instead of recomputing.
 """

@@ -224,7 +224,8 @@ def test_the_relay_columns_compare_kv_with_talking_on_the_same_items():
     base = cells(ALL, ALL, NONE, NONE, ALL)
     extra = [{"setting": s, "role": role, "item": f"i{i}", "label": "correct" if ok else "wrong",
               "control_of": "s text relay" if role == "control" else None, "note_tokens": 10, "seconds": 2.0}
-             for s, role, labels in (("s text relay", "relay", HALF), ("s text relay, other doc's note", "control", NONE))
+             for s, role, labels in (("s text relay", "relay", HALF),
+                                     ("s text relay, other doc's note", "control", NONE))
              for i, ok in enumerate(labels)]
     row = lad.accuracy_table(pd.concat([base.assign(seconds=1.0), pd.DataFrame(extra)], ignore_index=True),
                              ["s"]).iloc[0]
