@@ -98,6 +98,33 @@ def relay_verdict(rung: dict) -> str:
     return "no difference"
 
 
+ACCURACY_RELAY_VERDICTS = (*RELAY_VERDICTS, "the slave never knew")
+
+
+def accuracy_relay_verdict(rung: dict) -> str:
+    """K/V against the same slave's text relay on offload accuracy (`nb10_offload.accuracy_table`'s row: n items,
+    floor, skyline, ceiling, offload, relay, p_vs_relay = exact McNemar paired by item):
+      no relay measured     the row has no relay accuracy
+      too few to judge      fewer than MIN_ITEMS items
+      no gap to transfer    the skyline no better than the floor
+      the slave never knew  its ceiling no better than the floor: neither channel has anything to carry
+      K/V beats the relay   more correct through K/V, p < 0.05
+      the relay beats K/V   more correct through the relay, p < 0.05
+      no difference         otherwise."""
+    relay = rung.get("relay", float("nan"))
+    if relay is None or math.isnan(relay):
+        return "no relay measured"
+    if rung["n"] < MIN_ITEMS:
+        return "too few to judge"
+    if not rung["skyline"] > rung["floor"]:
+        return "no gap to transfer"
+    if not rung["ceiling"] > rung["floor"]:
+        return "the slave never knew"
+    if rung["p_vs_relay"] < 0.05 and rung["offload"] != relay:
+        return "K/V beats the relay" if rung["offload"] > relay else "the relay beats K/V"
+    return "no difference"
+
+
 def domain_verdict(row: dict) -> str:
     """One rung's transfer in one domain (`nb10_nll_transfer.transfer_by_domain`):
 

@@ -31,7 +31,6 @@ from . import nb06_offload as off
 from . import nb06_offload_stats as stats
 from .nb10_claims import rung_verdict
 from .nb10_offload_relay import relay_cells, relay_name
-from .nb10_text_relay import Relay
 from .nb10_transfer_map import LADDER, bus_label, foreign_settings, rung_settings
 from .nb10_synthetic_facts import LANGS, facts
 
@@ -50,21 +49,21 @@ class OffloadPlan:
     seed: int = 0
     bus: bool = False
     """With two or more foreign slaves, their bus is the last rung."""
-    relay_tokens: int = 0
-    """Each slave's text relay on the same items (`nb10_offload_relay`), its note at most this long (0: none)."""
+    relay: bool = False
+    """Each slave's text relay on the same items (`nb10_offload_relay`: its ceiling's answer as the note)."""
 
 
 def offload_plan(size: str) -> OffloadPlan:
     """QUICK: the exact copy on 2 English facts. Default: the copy, int4, noise 10 % and 20 % (either side of where
     NLL transfer halves) and both foreign families on 20 facts per language at 256 tokens. Full: every rung, 60 per
-    language at 256 / 1K / 2K tokens, each slave's 32-token text relay, and the foreign slaves' bus."""
+    language at 256 / 1K / 2K tokens, each slave's text relay, and the foreign slaves' bus."""
     foreign = ["smollm2-135m-instruct", "gemma3-270m"]
     if size == "quick":
         return OffloadPlan(["noise:0"], [], 2, [160], langs=("en",), max_new_tokens=12)
     if size == "default":
         return OffloadPlan(["noise:0", "int4", "noise:0.1", "noise:0.2"], foreign, 20, [256])
     if size == "full":
-        return OffloadPlan(list(LADDER), foreign, 60, [256, 1024, 2048], bus=True, relay_tokens=32)
+        return OffloadPlan(list(LADDER), foreign, 60, [256, 1024, 2048], bus=True, relay=True)
     raise FusionLabError(f"unknown run size {size!r}: use 'quick', 'default' or 'full'.")
 
 
@@ -113,25 +112,25 @@ def ladder_order(plan: OffloadPlan, foreign: dict[str, Any]) -> list[str]:
 
 def offload_ladder(master: LM, recipes: list[str], foreign: dict[str, tuple[LM, LstsqProjector]],
                    grid_items: list[off.Item], max_new_tokens: int = 24, cache: Path | None = None,
-                   batch_size: int = 4, bus: bool = False, relay_tokens: int = 0) -> pd.DataFrame:
+                   batch_size: int = 4, bus: bool = False, relay: bool = False) -> pd.DataFrame:
     """Offload cells for every rung (sibling recipes, then foreign slaves, then with `bus` and two or more of them
-    their bus), with `relay_tokens` each slave's text relay too, one sibling in memory at a time; floor and skyline
+    their bus), with `relay` each slave's text relay too, one sibling in memory at a time; floor and skyline
     are computed once (later rungs read them from the cell cache). Column `rung` names the slave."""
+    def rung(label: str, grid: list[off.Setting]) -> pd.DataFrame:
+        cells = [off.run(grid_items, grid, max_new_tokens, cache, batch_size).assign(rung=label)]
+        if relay:
+            ceiling = next(st for st in grid if st.role == "ceiling")
+            cells.append(relay_cells(master, ceiling, grid_items, max_new_tokens, cache, batch_size))
+        return pd.concat(cells, ignore_index=True)
+
     parts = []
     for recipe in recipes:
         sib = sibling(master, recipe)
         grid = rung_settings(master, recipe, sib)
-        parts.append(off.run(grid_items, grid, max_new_tokens, cache, batch_size).assign(rung=recipe))
-        if relay_tokens:
-            parts.append(relay_cells(master, Relay(recipe, sib, relay_tokens), grid_items, max_new_tokens, cache,
-                                     batch_size))
+        parts.append(rung(recipe, grid))
         del sib, grid
     for label, pair in foreign.items():
-        parts.append(off.run(grid_items, foreign_settings(master, label, pair), max_new_tokens, cache,
-                             batch_size).assign(rung=label))
-        if relay_tokens:
-            parts.append(relay_cells(master, Relay(label, pair[0], relay_tokens), grid_items, max_new_tokens, cache,
-                                     batch_size))
+        parts.append(rung(label, foreign_settings(master, label, pair)))
     if bus and len(foreign) > 1:
         parts.append(bus_offload(master, foreign, grid_items, max_new_tokens, cache, batch_size))
     df = pd.concat(parts, ignore_index=True)

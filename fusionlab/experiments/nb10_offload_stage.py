@@ -109,12 +109,12 @@ def run_stage(master: LM, length: int, rungs: list[str] | None = None, plan: off
             lm = load_slave(r)
             pair = {label[r]: (lm, fit_lstsq(master, lm))}
             parts.append(offload.offload_ladder(master, [], pair, items, plan.max_new_tokens, cache,
-                                                relay_tokens=plan.relay_tokens))
+                                                relay=plan.relay))
             del lm, pair
         else:
             finetune.ensure(master, [r], corpora.documents())
             parts.append(offload.offload_ladder(master, [r], {}, items, plan.max_new_tokens, cache,
-                                                relay_tokens=plan.relay_tokens))
+                                                relay=plan.relay))
         cells = (pd.concat(parts, ignore_index=True).drop_duplicates(["setting", "item"], keep="last")
                  .reset_index(drop=True))
         table = offload.accuracy_table(cells, list(label.values()))

@@ -9,7 +9,8 @@ from pathlib import Path
 import pandas as pd
 
 from ..analysis.stats import interval
-from ..experiments.nb10_claims import beyond_skyline_sentence, nll_rung_verdict, relay_verdict, rung_verdict
+from ..experiments.nb10_claims import (accuracy_relay_verdict, beyond_skyline_sentence, nll_rung_verdict, relay_verdict,
+                                        rung_verdict)
 from ..experiments.nb10_fuser_claims import control_verdict
 from ..experiments.nb10_crossing import accuracy_crossing, crossing_order, order_sentence, sentence
 from ..experiments.nb10_offload import offload_plan
@@ -149,7 +150,7 @@ def offload_stages_markdown(folder: Path | None = None) -> str:
             f"`fusionlab offload-stage --length {length}`; from `data/results/{table_name('ladder', length)}.csv`, "
             f"{int(df['n'].min())} items per setting):\n\n" +
             "\n".join([OFFLOAD_HEAD, "|" + "---|" * (OFFLOAD_HEAD.count("|") - 1), *_offload_rows(df)]) +
-            _relay_block(df, plan.relay_tokens) + _stage_crossings(length, folder))
+            _relay_block(df, plan.max_new_tokens) + _stage_crossings(length, folder))
     missing = [n for n, df in saved.items() if df is None]
     if blocks and missing:
         blocks.append(f"\n\nNot run yet at {', '.join(map(str, missing))} tokens.")
@@ -157,7 +158,7 @@ def offload_stages_markdown(folder: Path | None = None) -> str:
 
 
 RELAY_HEAD = ("| slave | K/V offload | text relay | relay reading another document's note | McNemar p K/V vs relay | "
-              "note (master tokens) | seconds per item: relay / K/V |")
+              "note (master tokens) | seconds per item: relay / K/V | verdict |")
 
 
 def _relay_block(df: pd.DataFrame, tokens: int) -> str:
@@ -166,10 +167,11 @@ def _relay_block(df: pd.DataFrame, tokens: int) -> str:
     if not rows:
         return ""
     lines = [f"| {r['slave']} | {_acc(r, 'offload')} | {_acc(r, 'relay')} | {r['relay_control']:.0%} | "
-             f"{_p(r, 'p_vs_relay')} | {r['note_tokens']:.0f} | {r['relay_seconds']:.1f} / {r['offload_seconds']:.1f} |"
+             f"{_p(r, 'p_vs_relay')} | {r['note_tokens']:.0f} | "
+             f"{r['relay_seconds']:.1f} / {r['offload_seconds']:.1f} | {accuracy_relay_verdict(r)} |"
              for r in rows]
-    return ("\n\nThe text relay on the same items (the slave reads document and question and writes a greedy note "
-            f"answering it, at most {tokens} tokens; the master reads only the note and the question):\n\n" +
+    return ("\n\nThe text relay on the same items (the note is the slave's own answer as its ceiling gives it, greedy, "
+            f"at most {tokens} tokens; the master reads only the note and the question):\n\n" +
             "\n".join([RELAY_HEAD, "|" + "---|" * (RELAY_HEAD.count("|") - 1), *lines]))
 
 

@@ -189,34 +189,40 @@ def test_a_stage_ends_with_the_bus_of_its_foreign_slaves(tiny, tmp_path):
     assert row["ceiling"] == ok("llama,gemma3 alone (reads it)").mean() and row["n"] == 3
 
 
-def test_the_text_relay_answers_the_same_items_from_the_slaves_note(tiny, tmp_path, monkeypatch):
+def test_the_text_relay_answers_the_same_items_from_the_slaves_own_answer(tiny, tmp_path, monkeypatch):
     from fusionlab.experiments import nb10_offload_relay as orelay
-    from fusionlab.experiments.nb10_text_relay import Relay
+    from fusionlab.experiments.nb10_transfer_map import rung_settings
     from fusionlab.models.siblings import sibling
 
     m = tiny("tiny-qwen2")
     (tmp_path / "en.txt").write_text(HAY)
-    plan = lad.OffloadPlan(["noise:0"], [], 3, [200], langs=("en",), max_new_tokens=4, relay_tokens=6)
+    plan = lad.OffloadPlan(["noise:0"], [], 3, [200], langs=("en",), max_new_tokens=4, relay=True)
     items = lad.items(m, plan, {"en": str(tmp_path / "en.txt")})
-    df = lad.offload_ladder(m, plan.rungs, {}, items, 4, cache=tmp_path / "c.jsonl", relay_tokens=plan.relay_tokens)
+    df = lad.offload_ladder(m, plan.rungs, {}, items, 4, cache=tmp_path / "c.jsonl", relay=plan.relay)
     relay = df[df["setting"].str.startswith("noise:0 text relay")]
     assert set(relay["setting"]) == {"noise:0 text relay", "noise:0 text relay, other doc's note"}
     assert set(relay["role"]) == {"relay", "control"} and (relay.groupby("setting").size() == 3).all()
     assert (relay["note_tokens"] > 0).all() and (relay["seconds"] >= relay["note_seconds"]).all()
     mine = relay[relay["setting"] == "noise:0 text relay"].set_index("item")["note"]
+    ceiling = df[df["setting"] == "noise:0 alone (reads it)"].set_index("item")["answer"]
+    assert mine.sort_index().tolist() == ceiling.sort_index().tolist()  # the note is the slave's ceiling answer
     other = relay[relay["role"] == "control"].set_index("item")["note"]
     assert (mine != other).any()  # a note on the decoy is another note
     table = lad.accuracy_table(df, plan.rungs)
     assert {"relay", "relay_lo", "relay_control", "p_vs_relay", "note_tokens", "relay_seconds",
             "offload_seconds"} <= set(table.columns)
     before = (tmp_path / "c.jsonl").read_text()
-    again = orelay.relay_cells(m, Relay("noise:0", sibling(m, "noise:0"), 6), items, 4, tmp_path / "c.jsonl")
-    # the same writer again: its notes and the master's answers come from the cache
+    grid = rung_settings(m, "noise:0", sibling(m, "noise:0"))
+    ceil = next(st for st in grid if st.role == "ceiling")
+    again = orelay.relay_cells(m, ceil, items, 4, tmp_path / "c.jsonl")
+    # the same slave again: its notes and the master's answers come from the cache
     assert (tmp_path / "c.jsonl").read_text() == before and again["answer"].tolist() == relay["answer"].tolist()
+    with pytest.raises(FusionLabError, match="ceiling"):
+        orelay.relay_cells(m, next(st for st in grid if st.role == "floor"), items, 4, tmp_path / "c.jsonl")
 
-    monkeypatch.setattr(orelay, "notes", lambda relay, prompts, cache: {p: {"note": "", "note_seconds": 0.0}
-                                                                        for p in prompts})
-    empty = orelay.relay_cells(m, Relay("mute", m, 6), items, 4, tmp_path / "c.jsonl")
+    monkeypatch.setattr(orelay, "notes", lambda ceiling, items, which, *a: {it.id: {"note": "", "note_seconds": 0.0}
+                                                                            for it in items})
+    empty = orelay.relay_cells(m, ceil, items, 4, tmp_path / "c.jsonl")
     assert len(empty) == 6 and empty["label"].notna().all() and (empty["note_tokens"] == 0).all()  # scored, not skipped
 
 

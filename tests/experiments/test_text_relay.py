@@ -121,6 +121,26 @@ def test_relay_claim_skips_the_exact_copy_and_reads_degenerate_ladders_as_no_evi
                                  "relay NLL - K/V NLL, nats/token)")
 
 
+def acc_rung(n=120, floor=0.0, skyline=1.0, ceiling=0.5, offload=0.0, relay=0.3, p_vs_relay=1e-6):
+    return {"n": n, "floor": floor, "skyline": skyline, "ceiling": ceiling, "offload": offload, "relay": relay,
+            "p_vs_relay": p_vs_relay}
+
+
+@pytest.mark.parametrize("kw, want", [
+    ({}, "the relay beats K/V"),
+    ({"offload": 0.9}, "K/V beats the relay"),
+    ({"p_vs_relay": 0.2}, "no difference"),
+    ({"offload": 0.3, "p_vs_relay": 1.0}, "no difference"),
+    ({"n": 5}, "too few to judge"),
+    ({"skyline": 0.0, "ceiling": 0.0, "relay": 0.0, "p_vs_relay": 1.0}, "no gap to transfer"),  # an all-zero grid
+    ({"ceiling": 0.0, "relay": 0.0, "p_vs_relay": 1.0}, "the slave never knew"),
+    ({"relay": float("nan"), "p_vs_relay": float("nan")}, "no relay measured"),
+])
+def test_accuracy_relay_rules(kw, want):
+    assert c10.accuracy_relay_verdict(acc_rung(**kw)) == want
+    assert want in c10.ACCURACY_RELAY_VERDICTS
+
+
 def test_an_empty_note_is_scored_never_a_crash(tiny, tmp_path):
     m = tiny("tiny-qwen2")
     ps = nll.pairs(m.tokenizer, corpus(3), 40, 16)

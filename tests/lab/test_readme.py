@@ -335,12 +335,13 @@ def test_an_offload_stage_puts_its_text_relays_beside_the_kv_channel(tmp_path):
     pd.DataFrame([row]).to_csv(tmp_path / f"{table_name('ladder', 256)}.csv", index=False)
     assert "text relay" not in offload_stages_markdown(tmp_path)  # a table saved before the relay: no block
     relay = {"relay": 0.25, "relay_lo": 0.2, "relay_hi": 0.3, "relay_control": 0.0, "p_vs_relay": 3e-9,
-             "note_tokens": 21.4, "relay_seconds": 2.04, "offload_seconds": 1.51}
+             "note_tokens": 21.4, "relay_seconds": 2.04, "offload_seconds": 1.51, "floor": 0.0, "skyline": 1.0,
+             "acc_setting": 0.5, "acc_control": 0.5}
     pd.DataFrame([row | relay, {**row, "slave": "int4"}]).to_csv(tmp_path / f"{table_name('ladder', 256)}.csv",
                                                                  index=False)
     text = offload_stages_markdown(tmp_path)
-    assert "writes a greedy note answering it, at most 32 tokens" in text
-    assert "| noise:0 | 50% [50%, 50%] | 25% [20%, 30%] | 0% | 3e-09 | 21 | 2.0 / 1.5 |" in text
+    assert "the slave's own answer as its ceiling gives it, greedy, at most 24 tokens" in text
+    assert "| noise:0 | 50% [50%, 50%] | 25% [20%, 30%] | 0% | 3e-09 | 21 | 2.0 / 1.5 | K/V beats the relay |" in text
     assert "| int4 | 50% [50%, 50%] | 25%" not in text  # a rung whose relay did not run has no relay row
 
 
