@@ -13,32 +13,46 @@ from .nb10_claims import NB, NULL_BOUND
 
 CONTROL_VERDICTS = ("opens and beats its start", "keeps the channel", "closes the channel", "inconclusive")
 CARRIES = ("opens and beats its start", "keeps the channel")
-"""The verdicts of a fuser whose held-out transfer lies above both of its controls."""
+"""The verdicts of a fuser that beats both of its controls (`beats_controls`)."""
 
 
 def control_verdict(row: dict) -> str:
     """One trained fuser on a rung whose training-free channel works, from its held-out transfer CI (lo, hi), its
-    controls' upper ends (control_hi: the fuser reading another document; shuffled_hi: the shuffled-pairing fuser
-    reading the right one) and its paired NLL change against the rung's training-free start (vs_start_lo /
-    vs_start_hi, nats/token; negative = better):
-      opens and beats its start  transfer CI above both controls', and lower NLL than the start (CI below 0)
-      keeps the channel          transfer CI above both controls', no worse than the start (CI reaches 0)
-      closes the channel         worse than the start (CI above 0) and not above both controls
+    paired NLL change against each control (`beats_controls`) and against the rung's training-free start
+    (vs_start_lo / vs_start_hi, nats/token; negative = better):
+      opens and beats its start  beats both controls, and lower NLL than the start (CI below 0)
+      keeps the channel          beats both controls, no worse than the start (CI reaches 0)
+      closes the channel         worse than the start (CI above 0) and does not beat both controls
       inconclusive               otherwise."""
-    above_control = row["lo"] > row["control_hi"] and row["lo"] > row.get("shuffled_hi", float("-inf"))
-    if above_control and row["vs_start_hi"] < 0:
+    beats = beats_controls(row)
+    if beats and row["vs_start_hi"] < 0:
         return "opens and beats its start"
-    if above_control and row["vs_start_lo"] <= 0:
+    if beats and row["vs_start_lo"] <= 0:
         return "keeps the channel"
-    if row["vs_start_lo"] > 0 and not above_control:
+    if row["vs_start_lo"] > 0 and not beats:
         return "closes the channel"
     return "inconclusive"
 
 
+def beats_controls(row: dict) -> bool:
+    """The fuser carries the document's information: its transfer CI lies above 0 (better than the master alone) and,
+    paired on the same held-out windows with a bootstrap over documents, its NLL is lower than both controls':
+    vs_control_hi < 0 (minus the same fuser reading another document) and vs_shuffled_hi < 0 (minus the
+    shuffled-pairing fuser reading the right one). A control not measured (NaN: it diverged; absent: a table from
+    before the paired comparison) is never beaten. Paired, because both controls are scored on the very windows the
+    fuser is: their shared difficulty cancels."""
+    nan = float("nan")
+    return row["lo"] > 0 and row.get("vs_control_hi", nan) < 0 and row.get("vs_shuffled_hi", nan) < 0
+
+
 def _fuser_text(r: dict) -> str:
     shuffled = r.get("shuffled_transfer", float("nan"))
+    vs = [interval(r[f"vs_{c}_lo"], r[f"vs_{c}_hi"], "+.3f") if f"vs_{c}_lo" in r and r[f"vs_{c}_lo"] == r[f"vs_{c}_lo"]
+          else "none" for c in ("control", "shuffled")]
+    paired = f"; NLL vs them {vs[0]} / {vs[1]}"
     return (f"{r['rung']} ({r['opening']}) {r['transfer']:.2f} {interval(r['lo'], r['hi'], '.2f')} from "
-            f"{r['start_transfer']:.2f}, controls {r['control_transfer']:.2f} / {shuffled:.2f} ({control_verdict(r)})")
+            f"{r['start_transfer']:.2f}, controls {r['control_transfer']:.2f} / {shuffled:.2f}{paired} "
+            f"({control_verdict(r)})")
 
 
 FUSER_SETUP = ("offload fusers (concat, rank 32) trained with validation by document on held-out-disjoint files; the "
@@ -63,23 +77,19 @@ def _siblings(table: pd.DataFrame, state: str) -> pd.DataFrame:
     return table[[channel_state(r) == state for r in table.to_dict("records")]]
 
 
-def _above_controls(r: dict) -> bool:
-    return r["lo"] > r["control_hi"] and r["lo"] > r.get("shuffled_hi", float("-inf"))
-
-
 def _carries_verdict(rows: list[dict], control_ok: bool) -> str:
-    """X07 and X09: evidence only beside a positive control; supported iff some fuser's transfer lies above both
-    its controls; not supported iff every fuser's transfer CI lies below NULL_BOUND; inconclusive otherwise."""
+    """X07 and X09: evidence only beside a positive control; supported iff some fuser beats both its controls
+    (`beats_controls`); not supported iff every fuser's transfer CI lies below NULL_BOUND; inconclusive otherwise."""
     if not rows or not control_ok:
         return "inconclusive"
-    if any(_above_controls(r) for r in rows):
+    if any(beats_controls(r) for r in rows):
         return "supported"
     return "not supported" if all(r["hi"] < NULL_BOUND for r in rows) else "inconclusive"
 
 
 def fuser_control_claim(table: pd.DataFrame) -> Claim:
     """X06, from `nb10_fuser_control.measure`'s table, on the siblings whose training-free channel works
-    (`channel_state`): supported iff for some opening every rung's fuser carries (transfer above both controls, no
+    (`channel_state`): supported iff for some opening every rung's fuser carries (beats both controls, no
     worse than its start); partly supported iff some (rung, opening) does; not supported iff every one closes the
     channel; inconclusive otherwise (no rows)."""
     sib = _siblings(table, "works")

@@ -15,7 +15,8 @@ windows of many files (the slave reads window k, the master only k+1):
     fuser      each trained fuser, and the same fuser reading window k of *another document*
     shuffled   the shuffled-pairing fuser reading the right document
 
-transfer = (floor - x) / (floor - skyline), bootstrap over documents; `nb10_fuser_claims.control_verdict` judges each
+transfer = (floor - x) / (floor - skyline), bootstrap over documents; each control is also compared paired, on the same
+windows (the fuser's NLL minus the control's, bootstrap over documents); `nb10_fuser_claims.control_verdict` judges each
 fuser. The default run adds noise 20 %, where the training-free channel has failed (X09: can training find one?).
 """
 from __future__ import annotations
@@ -245,9 +246,8 @@ def _row(nll: pd.DataFrame, recipe: str, opening: str, f: LearnedFuser, hist: pd
     pairing_name = f"{recipe} shuffled-pairing fuser"
     nan = {"transfer": float("nan"), "hi": float("nan")}
     own, other, first = tr(name), tr(f"{name}, other document"), tr(start)
-    pairing = tr(pairing_name) if pairing_name in set(nll["setting"]) else nan  # NaN: never "above" it
-    vs = fz.paired_gain(nll[nll["setting"].isin([name, start])], start)
-    vs = vs[vs["domain"] == "all"].iloc[0]
+    pairing = tr(pairing_name) if pairing_name in set(nll["setting"]) else nan  # NaN: never beaten
+    vs, other_doc, shuffled = (_paired(nll, name, b) for b in (start, f"{name}, other document", pairing_name))
     t = f.meta.get("training", {})
     return {"rung": recipe, "opening": opening, "source": source, "docs": own["docs"], "n": own["n"],
             "start_transfer": first["transfer"], "start_lo": first["lo"], "start_hi": first["hi"],
@@ -255,10 +255,21 @@ def _row(nll: pd.DataFrame, recipe: str, opening: str, f: LearnedFuser, hist: pd
             "control_transfer": other["transfer"], "control_hi": other["hi"],
             "shuffled_transfer": pairing["transfer"], "shuffled_hi": pairing["hi"],
             "vs_start": vs["delta"], "vs_start_lo": vs["lo"], "vs_start_hi": vs["hi"],
+            "vs_control": other_doc["delta"], "vs_control_lo": other_doc["lo"], "vs_control_hi": other_doc["hi"],
+            "vs_shuffled": shuffled["delta"], "vs_shuffled_lo": shuffled["lo"], "vs_shuffled_hi": shuffled["hi"],
             "gate_start": _gate_start(f.config), "gate_end": float(sum(f.learned_gates().values()) / len(f.layers)),
             "steps": t.get("steps"), "best_step": t.get("best_step"), "stopped_early": t.get("stopped_early"),
             "val_gain_start": _val_gain_start(hist), "best_val_gain": t.get("best_val_gain"),
             "seconds": t.get("seconds")}
+
+
+def _paired(nll: pd.DataFrame, setting: str, baseline: str) -> dict[str, float]:
+    """`setting`'s NLL minus `baseline`'s on the same held-out windows (negative = better), pooled over domains,
+    bootstrap CI over documents (`nb07_fusers.paired_gain`); NaN when `baseline` was not scored."""
+    if baseline not in set(nll["setting"]):
+        return {"delta": float("nan"), "lo": float("nan"), "hi": float("nan")}
+    vs = fz.paired_gain(nll[nll["setting"].isin([setting, baseline])], baseline)
+    return vs[vs["domain"] == "all"].iloc[0][["delta", "lo", "hi"]].to_dict()
 
 
 def _gate_start(cfg: FuserConfig) -> float:

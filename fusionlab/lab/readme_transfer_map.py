@@ -192,7 +192,8 @@ def _stage_crossings(length: int, folder: Path | None) -> str:
 
 
 CONTROL_HEAD = ("| slave | gate parametrisation | gate start → end | held-out transfer [95% CI] | training-free start | "
-                "fuser reading another document | shuffled-pairing fuser | NLL vs start (nats) [95% CI] | "
+                "fuser reading another document: transfer; NLL vs it (nats) | shuffled-pairing fuser: transfer; NLL "
+                "vs it (nats) | NLL vs start (nats) [95% CI] | "
                 "steps (best) | verdict |")
 
 
@@ -207,8 +208,11 @@ def fuser_control_markdown(folder: Path | None = None) -> str:
         best = "-" if _missing(r.get("best_step")) else int(r["best_step"])
         start = f"{r['start_transfer']:.2f}" + (f" ({r['start']})" if not _missing(r.get("start")) else "")
         lines.append(f"| {r['rung']} | {r['opening']} | {r['gate_start']:.3f} → {r['gate_end']:.3f} | "
-                     f"{_cell(r, 'transfer', 'lo', 'hi')} | {start} | {r['control_transfer']:.2f} | "
-                     f"{_cell(r, 'shuffled_transfer')} | {_cell(r, 'vs_start', 'vs_start_lo', 'vs_start_hi', '+.3f')} | "
+                     f"{_cell(r, 'transfer', 'lo', 'hi')} | {start} | {r['control_transfer']:.2f}; "
+                     f"{_cell(r, 'vs_control', 'vs_control_lo', 'vs_control_hi', '+.3f')} | "
+                     f"{_cell(r, 'shuffled_transfer')}; "
+                     f"{_cell(r, 'vs_shuffled', 'vs_shuffled_lo', 'vs_shuffled_hi', '+.3f')} | "
+                     f"{_cell(r, 'vs_start', 'vs_start_lo', 'vs_start_hi', '+.3f')} | "
                      f"{int(r['steps'])} ({best}) | {control_verdict(r)} |")
     return "\n".join(lines) + (
         f"\n\nfrom `data/results/10_fuser_control.{size}.csv`: {int(df['n'].min())} held-out windows from "

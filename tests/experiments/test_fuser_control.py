@@ -35,17 +35,22 @@ def test_the_control_trains_scores_and_reloads(tiny, monkeypatch, tmp_path):
 
 
 def row(**kw):
-    base = {"lo": 0.5, "hi": 0.9, "control_hi": 0.1, "shuffled_hi": 0.2, "vs_start_lo": -0.2, "vs_start_hi": -0.05}
+    base = {"lo": 0.5, "hi": 0.9, "control_hi": 0.1, "shuffled_hi": 0.2, "vs_start_lo": -0.2, "vs_start_hi": -0.05,
+            "vs_control_lo": -0.6, "vs_control_hi": -0.3, "vs_shuffled_lo": -0.4, "vs_shuffled_hi": -0.1}
     return {**base, **kw}
 
 
 @pytest.mark.parametrize("kw, want", [
     ({}, "opens and beats its start"),
-    ({"shuffled_hi": 0.6}, "inconclusive"),  # training alone (shuffled pairing) does as well: no information shown
+    ({"vs_shuffled_hi": 0.05}, "inconclusive"),  # training alone (shuffled pairing) does as well: no information
+    ({"vs_shuffled_lo": float("nan"), "vs_shuffled_hi": float("nan")}, "inconclusive"),  # its control diverged
+    ({"lo": -0.1, "vs_start_lo": -0.1, "vs_start_hi": 0.1}, "inconclusive"),  # beats its controls, not the master
+    ({"control_hi": 0.6, "shuffled_hi": 0.7}, "opens and beats its start"),  # CIs overlap, paired it wins
     ({"vs_start_lo": -0.1, "vs_start_hi": 0.05}, "keeps the channel"),
     ({"lo": 0.0, "vs_start_lo": 0.05, "vs_start_hi": 0.3}, "closes the channel"),
     ({"lo": 0.0, "vs_start_lo": -0.1, "vs_start_hi": 0.1}, "inconclusive"),
-    ({"lo": 0.0, "hi": 0.0, "control_hi": 0.0, "vs_start_lo": 0.0, "vs_start_hi": 0.0}, "inconclusive"),  # all zero
+    ({"lo": 0.0, "hi": 0.0, "control_hi": 0.0, "vs_start_lo": 0.0, "vs_start_hi": 0.0, "vs_control_lo": 0.0,
+      "vs_control_hi": 0.0, "vs_shuffled_lo": 0.0, "vs_shuffled_hi": 0.0}, "inconclusive"),  # all zero
 ])
 def test_control_verdicts(kw, want):
     assert control_verdict(row(**kw)) == want
@@ -72,14 +77,15 @@ def test_x06_needs_an_opening_that_carries_on_every_rung():
     shut = table(fuser_row("noise:0", "log", "identity", **close))
     assert fuser_control_claim(shut).verdict == "not supported"
     zero = table(fuser_row("noise:0", "log", "identity", lo=0.0, hi=0.0, control_hi=0.0, shuffled_hi=0.0,
-                           vs_start_lo=0.0, vs_start_hi=0.0))
+                           vs_start_lo=0.0, vs_start_hi=0.0, vs_control_lo=0.0, vs_control_hi=0.0,
+                           vs_shuffled_lo=0.0, vs_shuffled_hi=0.0))
     assert fuser_control_claim(zero).verdict == "inconclusive"  # an all-zero row is no evidence either way
     assert fuser_control_claim(table(fuser_row("smollm2", "log", "lstsq"))).verdict == "inconclusive"  # no sibling
 
 
 def test_x07_counts_only_beside_a_positive_control():
     ok = fuser_row("noise:0", "log", "identity")
-    null = fuser_row("smollm2", "log", "lstsq", lo=-0.2, hi=0.1, control_hi=0.1)
+    null = fuser_row("smollm2", "log", "lstsq", lo=-0.2, hi=0.1, control_hi=0.1, vs_control_hi=0.05)
     assert foreign_fuser_claim(table(ok, null)).verdict == "not supported"
     assert foreign_fuser_claim(table(ok, fuser_row("gemma3", "log", "lstsq"))).verdict == "supported"
     assert foreign_fuser_claim(table(null)).verdict == "inconclusive"  # no positive control beside it
@@ -97,13 +103,13 @@ def test_x06_leaves_out_rungs_whose_channel_failed_and_x09_judges_them_beside_it
     ok = fuser_row("noise:0", "log", "identity")
     failed = dict(start_lo=-2.0, start_hi=-0.5)
     shut = fuser_row("noise:0.2", "log", "identity", lo=-0.3, hi=0.1, control_hi=0.1, vs_start_lo=-2.0,
-                     vs_start_hi=-1.0, **failed)
+                     vs_start_hi=-1.0, vs_control_hi=0.05, **failed)
     assert fuser_control_claim(table(ok, shut)).verdict == "supported"  # the failed rung is not X06's question
     x09 = failed_rung_fuser_claim(table(ok, shut))
     assert x09.claim_id == "X09" and x09.verdict == "not supported" and "noise:0.2 (log)" in x09.measured
     carries = fuser_row("noise:0.2", "log", "identity", lo=0.3, hi=0.6, control_hi=0.2, shuffled_hi=0.25, **failed)
     assert failed_rung_fuser_claim(table(ok, carries)).verdict == "supported"
-    between = fuser_row("noise:0.2", "log", "identity", lo=0.1, hi=0.6, control_hi=0.2, **failed)
+    between = fuser_row("noise:0.2", "log", "identity", lo=0.1, hi=0.6, control_hi=0.2, vs_control_hi=0.02, **failed)
     assert failed_rung_fuser_claim(table(ok, between)).verdict == "inconclusive"
     assert failed_rung_fuser_claim(table(carries)).verdict == "inconclusive"  # no positive control beside it
     none = failed_rung_fuser_claim(table(ok))

@@ -242,9 +242,12 @@ def test_offload_ladder_and_fuser_control_blocks_from_saved_tables(tmp_path):
                    "lo": 0.8, "hi": 1.0, "start_transfer": 0.8, "start": "identity", "control_transfer": 0.0,
                    "control_hi": 0.1, "shuffled_transfer": 0.05, "shuffled_hi": 0.2,
                    "vs_start": -0.1, "vs_start_lo": -0.2, "vs_start_hi": -0.05, "steps": 40, "best_step": 36,
+                   "vs_control": -0.5, "vs_control_lo": -0.6, "vs_control_hi": -0.4, "vs_shuffled": -0.3,
+                   "vs_shuffled_lo": -0.35, "vs_shuffled_hi": -0.25,
                    "n": 24, "docs": 13}]).to_csv(tmp_path / "10_fuser_control.default.csv", index=False)
     rows = fuser_control_markdown(tmp_path).splitlines()
-    assert rows[2] == ("| noise:0 | log | 0.135 → 0.500 | 0.90 [0.80, 1.00] | 0.80 (identity) | 0.00 | 0.05 | "
+    assert rows[2] == ("| noise:0 | log | 0.135 → 0.500 | 0.90 [0.80, 1.00] | 0.80 (identity) | "
+                       "0.00; -0.500 [-0.600, -0.400] | 0.05; -0.300 [-0.350, -0.250] | "
                        "-0.100 [-0.200, -0.050] | 40 (36) | opens and beats its start |")
     assert "24 held-out windows from 13 documents" in rows[-1]
 
