@@ -33,17 +33,26 @@ def rung_verdict(rung: dict) -> str:
       transfers             transfer CI above 0 and more correct than the control, McNemar p < 0.05
       does not transfer     transfer CI below NULL_BOUND
       inconclusive          otherwise."""
+    no_evidence = _accuracy_no_evidence(rung)
+    if no_evidence:
+        return no_evidence
+    if rung["lo"] > 0 and rung["p_value"] < 0.05 and rung["acc_setting"] > rung["acc_control"]:
+        return "transfers"
+    if rung["hi"] < NULL_BOUND:
+        return "does not transfer"
+    return "inconclusive"
+
+
+def _accuracy_no_evidence(rung: dict) -> str | None:
+    """What makes an accuracy row no evidence either way, in rule order: too few items, no floor-to-skyline gap (an
+    all-zero grid), a slave whose ceiling is no better than the floor; None when the row can be judged."""
     if rung["n"] < MIN_ITEMS:
         return "too few to judge"
     if not rung["skyline"] > rung["floor"]:
         return "no gap to transfer"
     if not rung["ceiling"] > rung["floor"]:
         return "the slave never knew"
-    if rung["lo"] > 0 and rung["p_value"] < 0.05 and rung["acc_setting"] > rung["acc_control"]:
-        return "transfers"
-    if rung["hi"] < NULL_BOUND:
-        return "does not transfer"
-    return "inconclusive"
+    return None
 
 
 def nll_rung_verdict(rung: dict) -> str:
@@ -114,12 +123,9 @@ def accuracy_relay_verdict(rung: dict) -> str:
     relay = rung.get("relay", float("nan"))
     if relay is None or math.isnan(relay):
         return "no relay measured"
-    if rung["n"] < MIN_ITEMS:
-        return "too few to judge"
-    if not rung["skyline"] > rung["floor"]:
-        return "no gap to transfer"
-    if not rung["ceiling"] > rung["floor"]:
-        return "the slave never knew"
+    no_evidence = _accuracy_no_evidence(rung)
+    if no_evidence:
+        return no_evidence
     if rung["p_vs_relay"] < 0.05 and rung["offload"] != relay:
         return "K/V beats the relay" if rung["offload"] > relay else "the relay beats K/V"
     return "no difference"

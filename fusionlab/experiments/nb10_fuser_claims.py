@@ -47,8 +47,8 @@ def beats_controls(row: dict) -> bool:
 
 def _fuser_text(r: dict) -> str:
     shuffled = r.get("shuffled_transfer", float("nan"))
-    vs = [interval(r[f"vs_{c}_lo"], r[f"vs_{c}_hi"], "+.3f") if f"vs_{c}_lo" in r and r[f"vs_{c}_lo"] == r[f"vs_{c}_lo"]
-          else "none" for c in ("control", "shuffled")]
+    vs = [interval(r[f"vs_{c}_lo"], r[f"vs_{c}_hi"], "+.3f") if pd.notna(r.get(f"vs_{c}_lo")) else "none"
+          for c in ("control", "shuffled")]
     paired = f"; NLL vs them {vs[0]} / {vs[1]}"
     return (f"{r['rung']} ({r['opening']}) {r['transfer']:.2f} {interval(r['lo'], r['hi'], '.2f')} from "
             f"{r['start_transfer']:.2f}, controls {r['control_transfer']:.2f} / {shuffled:.2f}{paired} "
