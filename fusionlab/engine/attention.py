@@ -43,7 +43,7 @@ def _joint(joint: JointBuffer | None, key: torch.Tensor, value: torch.Tensor, q_
     """One row: K, V, positions, sources, score biases, windowed flags of every key this layer's queries may see."""
     if joint is not None:
         j = joint
-        n = j.write_own(key, value, past, q_pos[None])
+        n = j.own_written(past, q_pos[None])
         return j.k[:, :, :n], j.v[:, :, :n], j.pos[0, :n], j.src[:n], j.bias[:n], j.windowed[:n]
     own_pos = q_pos[-1] - key.shape[2] + 1 + torch.arange(key.shape[2], device=key.device)
     n = key.shape[2]

@@ -43,7 +43,7 @@ def batched_attention(rt: LayerRuntime, module: Any, query: torch.Tensor, key: t
     if joint is None and rt.recorder is None:
         return base(), None
     if joint is not None:
-        n = joint.write_own(key, value, rt.past, q_pos)
+        n = joint.own_written(rt.past, q_pos)
         k_all, v_all, k_pos = joint.k[:, :, :n], joint.v[:, :, :n], joint.pos[:, :n]
         k_src, bias, windowed = joint.src[:n], joint.bias[:n], joint.windowed[:n]
     else:  # recording an unfused layer: its keys are the cache's (a sliding layer keeps only its last entries)

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from transformers.cache_utils import DynamicSlidingWindowLayer
 
 from .attention_core import LayerRuntime
+from .joint_cache import JointLayer
 from .placement import SequenceState
 from .slot_buffer import FAR, NO_SLOT, PAD_POSITION, Injection, JointBuffer
 
@@ -63,6 +64,9 @@ def _join_cache(a: object, ea: int, b: object, eb: int) -> None:
     keeps only its last window - 1 entries; those are right-aligned the same way."""
     e = max(ea, eb)
     for la, lb in zip(a.layers, b.layers):
+        if isinstance(la, JointLayer):  # its entries are the joined JointBuffer's (`_join_joint`)
+            la.entries = e
+            continue
         if not (la.is_initialized and lb.is_initialized):
             continue
         if isinstance(la, DynamicSlidingWindowLayer):
@@ -153,7 +157,9 @@ def compact(seq: SequenceState) -> int:
     for layer in seq.master_cache.layers:
         if not layer.is_initialized:
             continue
-        if isinstance(layer, DynamicSlidingWindowLayer):
+        if isinstance(layer, JointLayer):  # its buffer drops them below (`drop_own`)
+            layer.entries -= k
+        elif isinstance(layer, DynamicSlidingWindowLayer):
             layer.cumulative_length -= k
             drop = layer.keys.shape[2] - min(e - k, layer.sliding_window - 1)
             layer.keys, layer.values = layer.keys[:, :, drop:], layer.values[:, :, drop:]

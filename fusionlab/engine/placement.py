@@ -18,6 +18,7 @@ from transformers import DynamicCache
 
 from .attention_core import LayerRuntime
 from .context import ContextLayout
+from .joint_cache import joint_cache
 from .lm import LM
 from .slave import ResolvedSlave
 from .slot_buffer import FAR, NO_SLOT, PAD_POSITION, Injection, JointBuffer
@@ -169,7 +170,7 @@ def place_slots(runtimes: dict[int, LayerRuntime], master: LM, slaves: list[Reso
         _fill_layer(rt, per_layer.get(i, []), len(rows), width, capacity, max_pos, master, timing)
     next_pos = torch.tensor([r.base for r in rows], dtype=torch.long, device=master.device)
     table = torch.full((len(rows), width + capacity), FAR, dtype=torch.long, device=master.device)
-    return SequenceState(DynamicCache(config=master.model.config), caches, next_pos, 0, table, runtimes)
+    return SequenceState(joint_cache(master.model.config, runtimes), caches, next_pos, 0, table, runtimes)
 
 
 def live_step(runtimes: dict[int, LayerRuntime], master: LM, slaves: list[ResolvedSlave], seq: SequenceState,

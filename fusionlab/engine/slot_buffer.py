@@ -1,7 +1,8 @@
 """Where injected slots live: per-slave Injection records and the per-layer JointBuffer, one row per sequence.
 
 Pre-allocated once per batch; slots are written once (prefix) or appended (live) through views, and each forward
-writes only its new own keys, so decode steps never re-concatenate the cache. Rows are sequences of a batch: left
+writes only its new own keys (the master's cache writes them here: `joint_cache.JointLayer`), so decode steps never
+re-concatenate the cache. Rows are sequences of a batch: left
 padded, so every row's cache has the same number of entries; entry positions are per row:
 
     FAR           an unfilled entry (a row with fewer slots than the longest, or room not used yet): never visible
@@ -139,13 +140,11 @@ class JointBuffer:
         self.src[sl] = slave
         return self.k[:, :, sl], self.v[:, :, sl], self.pos[:, sl]
 
-    def write_own(self, key: torch.Tensor, value: torch.Tensor, past: int, q_pos: torch.Tensor) -> int:
-        """Store the new tokens' own K/V (the last Q of `key`) as cache entries past..past+Q-1, with their
-        positions q_pos (B, Q) (PAD_POSITION for pads); returns the entries in use."""
+    def own_written(self, past: int, q_pos: torch.Tensor) -> int:
+        """The master's cache (`joint_cache.JointLayer`) has just written the new tokens' own K/V as entries
+        past..past+Q-1: record their positions q_pos (B, Q) (PAD_POSITION for pads); returns the entries in use."""
         q = q_pos.shape[1]
         start = self.own_offset + past
-        self.k[:, :, start:start + q] = key[:, :, -q:]  # a slice copy, not an index_put: decode's hot path
-        self.v[:, :, start:start + q] = value[:, :, -q:]
         self.pos[:, start:start + q] = q_pos
         return start + q
 
