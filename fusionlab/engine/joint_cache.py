@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import CacheLayerMixin, DynamicCache
 
+from ..errors import FusionLabError
 from .attention_core import LayerRuntime
 
 
@@ -77,6 +78,20 @@ class JointLayer(CacheLayerMixin):
 
     def reset(self) -> None:
         self.entries, self.is_initialized = 0, False
+
+    def _unsupported(self, what: str) -> None:
+        raise FusionLabError(f"{what} on a fused sequence's cache: its concat layers live in the slot buffers, so "
+                             "they cannot be moved or reordered alone; use the SequenceState's own methods (select), "
+                             "or run the master alone for beam search / cache offloading.")
+
+    def offload(self) -> None:
+        self._unsupported("offload()")
+
+    def prefetch(self) -> None:
+        self._unsupported("prefetch()")
+
+    def reorder_cache(self, beam_idx: torch.Tensor) -> None:
+        self._unsupported("reorder_cache()")
 
 
 def joint_cache(config: object, runtimes: dict[int, LayerRuntime]) -> DynamicCache:

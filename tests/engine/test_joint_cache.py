@@ -9,6 +9,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicSlidingWindowLayer
 
 import fusionlab as fl
+from fusionlab.errors import FusionLabError
 from fusionlab.engine.join import compact, join, stash
 from fusionlab.engine.joint_cache import JointLayer
 
@@ -74,3 +75,10 @@ def test_the_master_alone_keeps_transformers_own_cache(tiny):
         seq, _, _ = f.prefill(PROMPTS[:1], 2)
         assert type(seq.master_cache) is DynamicCache
         assert not _joint_layers(seq)
+
+
+def test_moving_or_reordering_a_joint_layer_alone_is_one_clear_error():
+    la = JointLayer(runtime=None)
+    for call in (la.offload, la.prefetch, lambda: la.reorder_cache(torch.tensor([0]))):
+        with pytest.raises(FusionLabError, match="slot buffers"):
+            call()
