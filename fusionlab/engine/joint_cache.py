@@ -14,7 +14,7 @@ first sliding layer's sizes) while keeping every entry: the fused attention appl
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import CacheLayerMixin, DynamicCache
+from transformers.cache_utils import CacheLayerMixin, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
 from ..errors import FusionLabError
 from .attention_core import LayerRuntime
@@ -96,11 +96,18 @@ class JointLayer(CacheLayerMixin):
 
 def joint_cache(config: object, runtimes: dict[int, LayerRuntime]) -> DynamicCache:
     """The master's cache for one batch: a `JointLayer` at every layer with a JointBuffer, transformers' own layer
-    elsewhere."""
+    elsewhere. A JointLayer stands in only for a plain or sliding-window layer: any other kind (a layer that reuses
+    another's cache, chunked attention) is refused, since its new keys would never reach the buffer."""
     cache = DynamicCache(config=config)
     for i, rt in runtimes.items():
-        if rt.joint is not None and i < len(cache.layers):
-            cache.layers[i] = JointLayer(rt, getattr(cache.layers[i], "sliding_window", None))
+        if rt.joint is None:
+            continue
+        layer = cache.layers[i] if i < len(cache.layers) else None
+        if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
+            raise FusionLabError(f"layer_map: master layer {i} keeps a {type(layer).__name__} cache, which a concat "
+                                 "slave cannot share; map the slave to plain or sliding-window attention layers, or "
+                                 "use mode='replace' or 'blend' there.")
+        cache.layers[i] = JointLayer(rt, getattr(layer, "sliding_window", None))
     return cache
 
 

@@ -2,8 +2,8 @@
 
 Pre-allocated once per batch; slots are written once (prefix) or appended (live) through views, and each forward
 writes only its new own keys (the master's cache writes them here: `joint_cache.JointLayer`), so decode steps never
-re-concatenate the cache. Rows are sequences of a batch: left
-padded, so every row's cache has the same number of entries; entry positions are per row:
+re-concatenate the cache. Rows are sequences of a batch: left padded, so every row's cache has the same number of
+entries; entry positions are per row:
 
     FAR           an unfilled entry (a row with fewer slots than the longest, or room not used yet): never visible
     PAD_POSITION  a left-pad entry: visible only to pad queries (which must see something to stay finite), never

@@ -3,6 +3,8 @@ reports the sizes transformers' own layer would (sliding ones included), and fol
 leaving, joining and compaction."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from transformers import DynamicCache
@@ -11,7 +13,7 @@ from transformers.cache_utils import DynamicSlidingWindowLayer
 import fusionlab as fl
 from fusionlab.errors import FusionLabError
 from fusionlab.engine.join import compact, join, stash
-from fusionlab.engine.joint_cache import JointLayer
+from fusionlab.engine.joint_cache import JointLayer, joint_cache
 
 from conftest import TINY_NAMES
 
@@ -82,3 +84,16 @@ def test_moving_or_reordering_a_joint_layer_alone_is_one_clear_error():
     for call in (la.offload, la.prefetch, lambda: la.reorder_cache(torch.tensor([0]))):
         with pytest.raises(FusionLabError, match="slot buffers"):
             call()
+
+
+def test_a_layer_whose_cache_is_not_plain_or_sliding_is_refused_for_concat(tiny):
+    """A layer that reuses another's cache (a DummyLayer) would never write its keys into the buffer: one clear
+    error, never a buffer of zeros."""
+    m, s = tiny("tiny-qwen2"), tiny("tiny-qwen2", fresh=True)
+    config = copy.deepcopy(m.model.config)
+    config.kv_sharing_modes = ["reuse"] + ["own"] * (config.num_hidden_layers - 1)
+    with fl.fuse(m, [fl.Slave(s)]) as f:
+        f.prefill(PROMPTS[:1], 2)  # the runtimes now hold their buffers
+        with pytest.raises(FusionLabError, match="master layer 0 keeps a DummyLayer cache"):
+            joint_cache(config, f._runtimes)
+        assert isinstance(joint_cache(m.model.config, f._runtimes).layers[0], JointLayer)
