@@ -31,7 +31,7 @@ from . import nb06_offload as off
 from . import nb06_offload_stats as stats
 from .nb10_claims import rung_verdict
 from .nb10_offload_relay import relay_cells, relay_name
-from .nb10_transfer_map import LADDER, bus_label, foreign_settings, rung_settings
+from .nb10_transfer_map import FULL_LADDER, bus_label, foreign_settings, rung_settings
 from .nb10_synthetic_facts import LANGS, facts
 
 
@@ -63,7 +63,7 @@ def offload_plan(size: str) -> OffloadPlan:
     if size == "default":
         return OffloadPlan(["noise:0", "int4", "noise:0.1", "noise:0.2"], foreign, 20, [256])
     if size == "full":
-        return OffloadPlan(list(LADDER), foreign, 60, [256, 1024, 2048], bus=True, relay=True)
+        return OffloadPlan(list(FULL_LADDER), foreign, 60, [256, 1024, 2048], bus=True, relay=True)
     raise FusionLabError(f"unknown run size {size!r}: use 'quick', 'default' or 'full'.")
 
 

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import pandas as pd
 
+from ..analysis.evaluate import heldout_paragraphs
 from ..engine.fit import fit_lstsq
 from ..engine.lm import LM
 from ..errors import FusionLabError
@@ -23,8 +24,8 @@ from ..models.zoo import load, short_name
 from . import nb07_corpora as corpora
 from . import nb10_finetune as finetune
 from . import nb10_offload as offload
+from . import nb10_transfer_map as tm
 from .nb06_offload import Item
-from .nb10_transfer_map import bus_label
 
 FIRST = ("noise:0", "smollm2-135m-instruct", "gemma3-270m", "int4", "noise:0.1", "noise:0.2", "prune:4")
 """Rungs a partial stage should hold first: the exact copy (the positive control every null needs), the foreign
@@ -67,7 +68,7 @@ def stage_labels(plan: offload.OffloadPlan | Any) -> dict[str, str]:
                              f"{seen[seen.duplicated()].iloc[0]!r} (the part before the first hyphen), so their cells "
                              "would mix; give the models names that differ before the first hyphen.")
     if BUS in stage_rungs(plan):
-        label[BUS] = bus_label({label[n]: None for n in plan.foreign})
+        label[BUS] = tm.bus_label({label[n]: None for n in plan.foreign})
     return label
 
 
@@ -85,14 +86,40 @@ def table_name(kind: str, length: int, size: str = "full") -> str:
     return f"10_offload_{kind}_{length}.{size}"
 
 
+DIVERGENCE = "10_offload_divergence.full"
+"""The offload stages' divergence table, one for every length (a sibling's KL does not depend on the document): the x
+axis of their weight-noise crossing (`nb10_crossing.accuracy_crossing`). Its cells are the NLL stage's own."""
+KNOB = "noise:"
+"""The rungs read as one curve of KL: the weight-noise siblings."""
+
+
+def stage_divergence(master: LM, rungs: list[str], earlier: pd.DataFrame | None = None,
+                     texts: list[str] | None = None, cache: Path | None = None) -> pd.DataFrame:
+    """`earlier`'s rows, plus the divergence of each of `rungs` they lack: `nb10_transfer_map.measure_divergence` on
+    the full NLL plan's held-out texts, so the cells are the ones the NLL stage and the notebook's full run compute
+    (and read back from the same cache)."""
+    known = set() if earlier is None else set(earlier["recipe"])
+    todo = [r for r in rungs if r not in known]
+    if not todo:
+        return earlier if earlier is not None else pd.DataFrame(columns=["recipe", "kl"])
+    full = tm.plan("full")
+    texts = (heldout_paragraphs() if texts is None else texts)[:full.divergence_texts]
+    new = tm.measure_divergence(master, todo, texts, lstsq=full.lstsq, cache=cache)
+    return (pd.concat([d for d in (earlier, new) if d is not None], ignore_index=True)
+            .drop_duplicates("recipe", keep="last").reset_index(drop=True))
+
+
 def run_stage(master: LM, length: int, rungs: list[str] | None = None, plan: offload.OffloadPlan | None = None,
-              cache: Path | None = None, on_rung: Callable[[pd.DataFrame, pd.DataFrame], Any] | None = None,
+              cache: Path | None = None,
+              on_rung: Callable[[pd.DataFrame, pd.DataFrame, pd.DataFrame], Any] | None = None,
               load_slave: Callable[[str], LM] = load, haystacks: dict[str, str] | None = None,
-              earlier: pd.DataFrame | None = None) -> pd.DataFrame:
+              earlier: pd.DataFrame | None = None, divergence: pd.DataFrame | None = None,
+              texts: list[str] | None = None, divergence_cache: Path | None = None) -> pd.DataFrame:
     """Compute `plan`'s (default: the full plan's) cells at `length` for `rungs` (default: all, in `stage_rungs`;
-    fine-tuned siblings are trained first where their weights are missing), calling `on_rung(cells, table)` after each
-    rung. `earlier`: cells a previous call saved, kept in the table (a call for some rungs must not drop the others).
-    Returns the accuracy table over every rung this call computed or read back and the earlier ones."""
+    fine-tuned siblings are trained first where their weights are missing), calling `on_rung(cells, table,
+    divergence)` after each rung, `divergence` (`stage_divergence`) holding every `KNOB` rung in the table.
+    `earlier` / `divergence`: the cells and divergence a previous call saved, kept (a call for some rungs must not drop
+    the others). Returns the accuracy table over every rung this call computed or read back and the earlier ones."""
     plan = plan or offload.offload_plan("full")
     rungs = chosen_rungs(stage_rungs(plan), rungs)
     items = stage_items(master, plan, length, haystacks)
@@ -118,7 +145,9 @@ def run_stage(master: LM, length: int, rungs: list[str] | None = None, plan: off
         cells = (pd.concat(parts, ignore_index=True).drop_duplicates(["setting", "item"], keep="last")
                  .reset_index(drop=True))
         table = offload.accuracy_table(cells, list(label.values()))
+        knob = [str(s) for s in table["slave"] if str(s).startswith(KNOB)]
+        divergence = stage_divergence(master, knob, divergence, texts, divergence_cache)
         if on_rung is not None:
-            on_rung(cells, table)
+            on_rung(cells, table, divergence)
         print(f"{r}: {time.perf_counter() - t0:.0f} s, {len(table)} rungs in the table", flush=True)
     return table

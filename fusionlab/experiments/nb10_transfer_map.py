@@ -37,6 +37,12 @@ LADDER = ("noise:0", "noise:0.003", "int8", "noise:0.01", "noise:0.03", "int4", 
           "noise:0.3", "finetune:code:50", "finetune:code:200")
 """Default rungs (the table orders siblings by their measured KL from the master, which the ladder rules read):
 noise:0 is the exact copy (the positive control every null needs); the fine-tunes are made by `nb10_finetune`."""
+FINER_NOISE = ("noise:0.05", "noise:0.07")
+"""Rungs only the full plans add: on the ladder above, the offload channel and the slave's own answers both halve
+between noise 3 % (KL 0.05) and 10 % (KL 0.98), a factor of 20 in KL with no rung inside, so their crossings were
+interpolated; these put measured points there."""
+FULL_LADDER = (*LADDER[:LADDER.index("noise:0.03") + 1], *FINER_NOISE, *LADDER[LADDER.index("noise:0.03") + 1:])
+"""The full plans' siblings: the default ladder with `FINER_NOISE` in its noise order."""
 VIA_LSTSQ = " lstsq"
 """Suffix of a sibling's label when it is fed through its fitted `lstsq` projector (the channel every foreign slave
 gets) instead of the identity: on the exact copy this measures what the projector alone costs."""
@@ -73,7 +79,7 @@ def plan(size: str) -> Plan:
     if size == "default":
         return Plan(list(LADDER), ["smollm2-135m-instruct", "gemma3-270m"], 10, 192, 64, 8)
     if size == "full":
-        return Plan([*LADDER, "finetune:code:800"], ["smollm2-135m-instruct", "gemma3-270m"], 60, 256, 128, 32,
+        return Plan([*FULL_LADDER, "finetune:code:800"], ["smollm2-135m-instruct", "gemma3-270m"], 60, 256, 128, 32,
                     relay_tokens=64)
     raise FusionLabError(f"unknown run size {size!r}: use 'quick', 'default' or 'full'.")
 

@@ -98,18 +98,20 @@ def cmd_rerun_diff(args: argparse.Namespace) -> int:
 
 def cmd_offload_stage(args: argparse.Namespace) -> int:
     from ..experiments import nb10_offload as offload
-    from ..experiments.nb10_offload_stage import run_stage, table_name
+    from ..experiments.nb10_offload_stage import DIVERGENCE, run_stage, table_name
     from ..models.zoo import load
     from .readme import write_ledger
     from .results import load_table, save_table
 
-    def save(cells, table) -> None:  # after every rung: a stopped stage keeps what it finished
+    def save(cells, table, divergence) -> None:  # after every rung: a stopped stage keeps what it finished
         save_table(cells, table_name("cells", args.length))
         save_table(table, table_name("ladder", args.length))
+        save_table(divergence, DIVERGENCE)
         write_ledger()
 
     earlier = load_table(table_name("cells", args.length))  # rungs an earlier call finished stay in the table
-    table = run_stage(load(args.master), args.length, args.rungs or None, on_rung=save, earlier=earlier)
+    table = run_stage(load(args.master), args.length, args.rungs or None, on_rung=save, earlier=earlier,
+                      divergence=load_table(DIVERGENCE))
     print(offload.summary(table).round(3).to_string(index=False))
     return 0
 

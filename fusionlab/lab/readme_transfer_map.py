@@ -15,6 +15,7 @@ from ..experiments.nb10_fuser_claims import control_verdict
 from ..experiments.nb10_crossing import accuracy_crossing, crossing_order, order_sentence, sentence
 from ..experiments.nb10_offload import offload_plan
 from ..experiments.nb10_nll_stage import table_name as nll_stage_table
+from ..experiments.nb10_offload_stage import DIVERGENCE as STAGE_DIVERGENCE
 from ..experiments.nb10_offload_stage import stage_rungs, table_name
 from ..experiments.nb10_transfer_map import plan as ladder_plan
 from .results import best_table, load_table
@@ -175,11 +176,21 @@ def _relay_block(df: pd.DataFrame, tokens: int) -> str:
             "\n".join([RELAY_HEAD, "|" + "---|" * (RELAY_HEAD.count("|") - 1), *lines]))
 
 
+def _stage_divergence(folder: Path | None) -> tuple[pd.DataFrame, str] | None:
+    """The KL axis of a stage's crossing and its file: the stages' own divergence (`nb10_offload_stage.DIVERGENCE`,
+    the full plan's texts) where saved, else the notebook's largest run's."""
+    own = load_table(STAGE_DIVERGENCE, folder)
+    if own is not None:
+        return own, STAGE_DIVERGENCE
+    got = best_table("10_divergence", folder)
+    return None if got is None else (got[0], f"10_divergence.{got[1]}")
+
+
 def _stage_crossings(length: int, folder: Path | None) -> str:
     """Where a stage's weight-noise rungs halve, as curves of KL (`nb10_crossing.accuracy_crossing`): the channel
     (offload) beside the slave alone (its ceiling), and which halves first (`crossing_order`); '' without the
     divergence table or two noise rungs."""
-    cells, div = load_table(table_name("cells", length), folder), best_table("10_divergence", folder)
+    cells, div = load_table(table_name("cells", length), folder), _stage_divergence(folder)
     if div is None or cells is None:
         return ""
     curves = [accuracy_crossing(cells, div[0], of) for of in ("offload", "ceiling")]
@@ -187,7 +198,7 @@ def _stage_crossings(length: int, folder: Path | None) -> str:
         return ""
     order = order_sentence(crossing_order(cells, div[0]))
     return (f"\n\nWeight-noise rungs ({', '.join(curves[0]['rungs'])}) as curves of their KL from "
-            f"`data/results/10_divergence.{div[1]}.csv`: {sentence(curves[0])}; {sentence(curves[1])}. "
+            f"`data/results/{div[1]}.csv`: {sentence(curves[0])}; {sentence(curves[1])}. "
             f"Paired on the same items: {order}.")
 
 

@@ -93,6 +93,18 @@ def test_accuracy_table_asks_whether_the_master_reads_more_than_the_slave_answer
     assert math.isnan(lad.accuracy_table(alone_missing, ["s"]).iloc[0]["p_vs_ceiling"])  # nothing to pair: no p
 
 
+def test_the_full_plans_add_noise_rungs_where_the_default_curves_halve():
+    from fusionlab.experiments import nb10_transfer_map as tm
+
+    noise = lambda rungs: [float(r.split(":")[1]) for r in rungs if r.startswith("noise:")]  # noqa: E731
+    full, offload_full = tm.plan("full").rungs, lad.offload_plan("full").rungs
+    assert set(tm.FINER_NOISE) <= set(full) and set(tm.FINER_NOISE) <= set(offload_full)
+    assert not set(tm.FINER_NOISE) & set(tm.plan("default").rungs)  # the default run is unchanged
+    assert noise(full) == sorted(noise(full)) and noise(offload_full) == sorted(noise(offload_full))
+    assert [r for r in full if r not in tm.FINER_NOISE][:len(tm.LADDER)] == list(tm.LADDER)
+    assert 0.03 < min(noise(tm.FINER_NOISE)) and max(noise(tm.FINER_NOISE)) < 0.1
+
+
 @pytest.mark.parametrize("size", ["quick", "default", "full"])
 def test_every_plan_is_buildable(size):
     p = lad.offload_plan(size)
@@ -126,18 +138,29 @@ def test_a_stage_computes_the_plans_own_cells_rung_by_rung(tiny, tmp_path):
     assert [(it.id, it.decoy) for it in built] == [(it.id, it.decoy) for it in whole]  # the plan's own controls,
     assert [it.decoy for it in alone] != [it.decoy for it in whole]  # which one length built alone would not give
     saved = []
+    div = {"texts": [HAY[:300], HAY[300:600]], "divergence_cache": tmp_path / "d.jsonl"}
     table = stage.run_stage(m, 200, ["noise:0", "prune:2"], plan, cache=tmp_path / "c.jsonl", haystacks=hays,
-                            on_rung=lambda cells, t: saved.append((len(cells), t["slave"].tolist())))
-    # floor and skyline once, then the ceiling, offload and control of each rung, 3 items each, saved after each rung
-    assert saved == [(3 * 2 + 3 * 3, ["noise:0"]), (3 * 2 + 6 * 3, ["noise:0", "prune:2"])]
+                            on_rung=lambda cells, t, d: saved.append((len(cells), t["slave"].tolist(),
+                                                                      d["recipe"].tolist())), **div)
+    # floor and skyline once, then the ceiling, offload and control of each rung, 3 items each, saved after each rung;
+    # the divergence holds the weight-noise rungs only (the crossing's x axis)
+    assert saved == [(3 * 2 + 3 * 3, ["noise:0"], ["noise:0"]), (3 * 2 + 6 * 3, ["noise:0", "prune:2"], ["noise:0"])]
     assert table["slave"].tolist() == ["noise:0", "prune:2"]
     kept = []
     stage.run_stage(m, 200, ["noise:0"], plan, cache=tmp_path / "c.jsonl", haystacks=hays,
-                    on_rung=lambda cells, t: kept.append(cells))
-    save_table(kept[-1], stage.table_name("cells", 200), tmp_path)  # read back as the CLI does: through the CSV
-    later = stage.run_stage(m, 200, ["prune:2"], plan, cache=tmp_path / "c.jsonl", haystacks=hays,
-                            earlier=load_table(stage.table_name("cells", 200), tmp_path))
-    assert later["slave"].tolist() == ["noise:0", "prune:2"]  # a call for one rung keeps the rungs saved before
+                    on_rung=lambda cells, t, d: kept.append((cells, d)), **div)
+    save_table(kept[-1][0], stage.table_name("cells", 200), tmp_path)  # read back as the CLI does: through the CSV
+    save_table(kept[-1][1], stage.DIVERGENCE, tmp_path)
+    assert kept[-1][1]["kl"].tolist() == [0.0]  # the exact copy
+    measured = (tmp_path / "d.jsonl").read_text()
+    got = []
+    later = stage.run_stage(m, 200, ["noise:0.1"], plan, cache=tmp_path / "c.jsonl", haystacks=hays,
+                            earlier=load_table(stage.table_name("cells", 200), tmp_path),
+                            divergence=load_table(stage.DIVERGENCE, tmp_path),
+                            on_rung=lambda cells, t, d: got.append(d), **div)
+    assert later["slave"].tolist() == ["noise:0", "noise:0.1"]  # a call for one rung keeps the rungs saved before
+    assert got[-1]["recipe"].tolist() == ["noise:0", "noise:0.1"] and got[-1]["kl"].iloc[1] > 0
+    assert (tmp_path / "d.jsonl").read_text().startswith(measured)  # the copy's row was kept, not measured again
     before = (tmp_path / "c.jsonl").read_text()
     again = lad.offload_ladder(m, ["prune:2"], {}, built, 4, cache=tmp_path / "c.jsonl")  # the notebook's own call
     assert len(again) == 3 * 2 + 3 * 3 and (tmp_path / "c.jsonl").read_text() == before  # all read back, none redone
@@ -177,7 +200,7 @@ def test_a_stage_ends_with_the_bus_of_its_foreign_slaves(tiny, tmp_path):
     saved = []
     table = stage.run_stage(m, 200, ["llama", "gemma3", "bus"], plan, cache=tmp_path / "c.jsonl",
                             haystacks={"en": str(tmp_path / "en.txt")}, load_slave=lambda n: tiny(f"tiny-{n}"),
-                            on_rung=lambda cells, t: saved.append(cells))
+                            on_rung=lambda cells, t, d: saved.append(cells))
     assert table["slave"].tolist() == ["llama", "gemma3", "llama,gemma3"]
     cells = saved[-1]
     assert len(cells) == 3 * 2 + 2 * 3 * 3 + 3 * 3  # floor, skyline; each slave's 3 settings; bus, control, ceiling

@@ -189,7 +189,7 @@ def test_transfer_map_block_from_a_saved_ladder(tmp_path):
     stage = pd.read_csv(tmp_path / "10_transfer_map.default.csv").iloc[:1].assign(n=106)
     stage.to_csv(tmp_path / "10_nll_stage_map.full.csv", index=False)  # a stage of the full plan follows the table
     text = transfer_map_markdown(tmp_path)
-    assert "The full plan (1 of 16 rungs so far, `fusionlab nll-stage`" in text and "106 documents" in text
+    assert "The full plan (1 of 18 rungs so far, `fusionlab nll-stage`" in text and "106 documents" in text
     assert text.count("| noise:0 | 0.000 |") == 2 and text.endswith("| transfers | K/V beats the relay |")
 
 
@@ -235,7 +235,7 @@ def test_offload_ladder_and_fuser_control_blocks_from_saved_tables(tmp_path):
                    "acc_setting": 0.75, "acc_control": 0.05}]).to_csv(tmp_path / "10_offload_ladder_256.full.csv",
                                                                       index=False)
     text = offload_ladder_markdown(tmp_path)  # a stage of the full plan follows the notebook's own table
-    assert "The full plan at 256 tokens (1 of 15 rungs so far" in text and "120 items per setting" in text
+    assert "The full plan at 256 tokens (1 of 17 rungs so far" in text and "120 items per setting" in text
     assert text.count("| noise:0 |") == 2 and text.endswith("Not run yet at 1024, 2048 tokens.")
     assert "| 1e-06 | - | transfers |" in text  # a table saved before p_vs_ceiling existed: no number made up
     pd.DataFrame([{"rung": "noise:0", "opening": "log", "gate_start": 0.135, "gate_end": 0.5, "transfer": 0.9,
@@ -369,3 +369,8 @@ def test_an_offload_stage_says_where_its_noise_rungs_halve_once_the_divergence_i
     assert "; the slave's own accuracy falls to 50% of the gap at KL 0.5 nats/token" in text
     assert ("Paired on the same items: the channel and the slave halve at indistinguishable KL (channel / slave "
             "crossing +0.00 decades of KL [+0.00, +0.00], paired bootstrap over 40 items).") in text
+    pd.DataFrame({"recipe": ["noise:0", "noise:0.1"], "kl": [0.0, 0.2]}).to_csv(
+        tmp_path / "10_offload_divergence.full.csv", index=False)  # the stages' own: the full plan's texts
+    text = offload_stages_markdown(tmp_path)
+    assert ("as curves of their KL from `data/results/10_offload_divergence.full.csv`: transfer falls to 50% of the "
+            "gap at KL 0.1 nats/token") in text
