@@ -16,7 +16,6 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from ..analysis.evaluate import heldout_paragraphs
 from ..engine.fit import fit_lstsq
 from ..engine.lm import LM
 from ..engine.projector import LstsqProjector
@@ -47,7 +46,7 @@ def run_nll_stage(master: LM, rungs: list[str] | None = None, plan: tm.Plan | No
     label = stage_labels(plan)
     docs = corpora.documents() if docs is None else docs
     items = nll.pairs(master.tokenizer, docs, plan.a_tokens, plan.b_tokens, plan.per_domain)
-    texts = (heldout_paragraphs() if texts is None else texts)[:plan.divergence_texts]
+    texts = tm.divergence_texts(plan, texts)
     kvcomm = tm.kvcomm_samples(texts) if plan.kvcomm else None
     pairs: dict[str, tuple[LM, LstsqProjector]] = {}  # foreign slaves with their fits, kept for the bus
 

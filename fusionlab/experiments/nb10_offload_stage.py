@@ -16,7 +16,6 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from ..analysis.evaluate import heldout_paragraphs
 from ..engine.fit import fit_lstsq
 from ..engine.lm import LM
 from ..errors import FusionLabError
@@ -103,8 +102,7 @@ def stage_divergence(master: LM, rungs: list[str], earlier: pd.DataFrame | None 
     if not todo:
         return earlier if earlier is not None else pd.DataFrame(columns=["recipe", "kl"])
     full = tm.plan("full")
-    texts = (heldout_paragraphs() if texts is None else texts)[:full.divergence_texts]
-    new = tm.measure_divergence(master, todo, texts, lstsq=full.lstsq, cache=cache)
+    new = tm.measure_divergence(master, todo, tm.divergence_texts(full, texts), lstsq=full.lstsq, cache=cache)
     return (pd.concat([d for d in (earlier, new) if d is not None], ignore_index=True)
             .drop_duplicates("recipe", keep="last").reset_index(drop=True))
 

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from ..analysis.divergence import divergence
+from ..analysis.evaluate import heldout_paragraphs
 from ..analysis.layer_selection import kvcomm_select
 from ..cells import Cell, CellCache, cell_key, run_cells
 from ..engine.layermap import LayerMap
@@ -82,6 +83,12 @@ def plan(size: str) -> Plan:
         return Plan([*FULL_LADDER, "finetune:code:800"], ["smollm2-135m-instruct", "gemma3-270m"], 60, 256, 128, 32,
                     relay_tokens=64)
     raise FusionLabError(f"unknown run size {size!r}: use 'quick', 'default' or 'full'.")
+
+
+def divergence_texts(p: Plan, texts: list[str] | None = None) -> list[str]:
+    """The held-out texts `p` measures divergence on (`texts`: another pool, for tests), the same wherever a run of
+    that size measures it, so the stages and the notebook share their divergence cells."""
+    return (heldout_paragraphs() if texts is None else texts)[:p.divergence_texts]
 
 
 def measure_divergence(master: LM, recipes: list[str] | tuple[str, ...], texts: list[str], lstsq: bool = True,
