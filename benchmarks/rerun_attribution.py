@@ -31,7 +31,7 @@ def main() -> None:
     ap.add_argument("--before", default="a60cb00", help="the commit that saved the batch-1 run")
     args = ap.parse_args()
     now_path = results_dir() / "04_humaneval.full.csv"
-    old, new = table_at_commit(now_path, args.before), pd.read_csv(now_path)
+    (old, _), new = table_at_commit(now_path, args.before), pd.read_csv(now_path)
     both = old.merge(new, on=["setting", "task_id"], suffixes=("_old", "_new"))
     changed = both[both["completion_old"] != both["completion_new"]]
     master = fl.load(NAMES["master"])

@@ -192,6 +192,8 @@ def rerun_markdown(folder: Path | None, notebook: str, settings: list[str]) -> s
     missing = [x for x in settings if x not in set(df["setting"])]
     before, after = (("batch 1", "batched") if "before_run" not in df else  # saved before the runs were labelled
                      (" / ".join(df["before_run"].unique()), " / ".join(df["after_run"].unique())))
+    if "before_commit" in df:  # saved since comparisons name the earlier run's commit
+        before = f"{before}; commit {' / '.join(df['before_commit'].astype(str).unique())}"
     wall = (f" Generation wall time of these settings: {df['seconds_before'].sum() / 60:.0f} min ({before}), "
             f"{df['seconds_after'].sum() / 60:.0f} min ({after})"
             + (" (target: <= 25 min for the four settings on this CPU)." if notebook == "04" else ".")

@@ -18,8 +18,9 @@ from ..paths import results_dir
 from .results import save_table
 
 
-def table_at_commit(path: Path, commit: str) -> pd.DataFrame:
-    """The CSV at `path` as `commit` saved it."""
+def table_at_commit(path: Path, commit: str) -> tuple[pd.DataFrame, str]:
+    """The CSV at `path` as `commit` saved it, and that commit's short hash (what the README line names: a branch
+    name or `HEAD~2` moves, the hash does not)."""
     path = Path(path).resolve()
     try:
         root = subprocess.run(["git", "-C", str(path.parent), "rev-parse", "--show-toplevel"], check=True,
@@ -32,7 +33,9 @@ def table_at_commit(path: Path, commit: str) -> pd.DataFrame:
     if got.returncode != 0:
         raise FusionLabError(f"before={commit!r}: git has no {rel} at that commit ({got.stderr.strip()}); pass a "
                              f"commit that saved it (git log --oneline -- {rel}).")
-    return pd.read_csv(io.StringIO(got.stdout))
+    short = subprocess.run(["git", "-C", root, "rev-parse", "--short", commit], check=True, capture_output=True,
+                           text=True).stdout.strip()
+    return pd.read_csv(io.StringIO(got.stdout)), short
 
 
 def compare_with_commit(notebook: str, before: str, size: str = "full",
@@ -45,10 +48,11 @@ def compare_with_commit(notebook: str, before: str, size: str = "full",
     if not now.exists():
         raise FusionLabError(f"notebook={notebook!r}, size={size!r}: {now} does not exist; run "
                              f"`fusionlab lab{' --full' if size == 'full' else ''} --only {notebook}` first.")
-    old, new = table_at_commit(now, before), pd.read_csv(now)
+    (old, commit), new = table_at_commit(now, before), pd.read_csv(now)
     common = set(old["setting"]) & set(new["setting"])
     if not common:
         raise FusionLabError(f"before={before!r}: its {now.name} shares no setting with the one on disk "
                              f"({sorted(set(old['setting']))} vs {sorted(set(new['setting']))}).")
     t = he.rerun_changes(old[old["setting"].isin(common)], new[new["setting"].isin(common)])
+    t.insert(1, "before_commit", commit)
     return t, save_table(t, f"{notebook}_batch_rerun.{size}", folder)

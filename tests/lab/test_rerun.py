@@ -38,14 +38,14 @@ def test_compare_with_the_committed_run(repo):
     new = grid([1, 0, 1], ["a", "b", "c"], ["master alone"])
     new = pd.concat([new, grid([1, 1, 1], ["a", "B", "c"], ["+s"]), grid([0, 0, 0], "xyz", ["+only now"])])
     new.assign(batch=8, scheduler="continuous").to_csv(res / "04_humaneval.full.csv", index=False)
-    t, path = compare_with_commit("04", commit, "full", res)
+    t, path = compare_with_commit("04", "HEAD", "full", res)  # a moving name is saved as the hash it meant
     assert path == res / "04_batch_rerun.full.csv"
     assert pd.read_csv(path).fillna({"changed_tasks": ""}).to_dict("records") == t.to_dict("records")
     runs = {"before_run": "batch 1", "after_run": "continuous batching, 8 seats"}  # each run says how it was made
     assert t.to_dict("records") == [
-        {"setting": "master alone", **runs, "n": 3, "passed_before": 2, "passed_after": 2, "completions_changed": 0,
+        {"setting": "master alone", "before_commit": commit, **runs, "n": 3, "passed_before": 2, "passed_after": 2, "completions_changed": 0,
          "outcomes_changed": 0, "changed_tasks": ""},
-        {"setting": "+s", **runs, "n": 3, "passed_before": 2, "passed_after": 3, "completions_changed": 1,
+        {"setting": "+s", "before_commit": commit, **runs, "n": 3, "passed_before": 2, "passed_after": 3, "completions_changed": 1,
          "outcomes_changed": 1, "changed_tasks": "HumanEval/1"}]
 
 
