@@ -38,10 +38,11 @@ LADDER = ("noise:0", "noise:0.003", "int8", "noise:0.01", "noise:0.03", "int4", 
           "noise:0.3", "finetune:code:50", "finetune:code:200")
 """Default rungs (the table orders siblings by their measured KL from the master, which the ladder rules read):
 noise:0 is the exact copy (the positive control every null needs); the fine-tunes are made by `nb10_finetune`."""
-FINER_NOISE = ("noise:0.05", "noise:0.07")
+FINER_NOISE = ("noise:0.05", "noise:0.07", "noise:0.085")
 """Rungs only the full plans add: on the ladder above, the offload channel and the slave's own answers both halve
 between noise 3 % (KL 0.05) and 10 % (KL 0.98), a factor of 20 in KL with no rung inside, so their crossings were
-interpolated; these put measured points there."""
+interpolated; 5 % and 7 % put measured points there, and 8.5 % sits between the two crossings they then bracketed
+(KL 0.74 and 0.97), to say which curve halves first."""
 FULL_LADDER = (*LADDER[:LADDER.index("noise:0.03") + 1], *FINER_NOISE, *LADDER[LADDER.index("noise:0.03") + 1:])
 """The full plans' siblings: the default ladder with `FINER_NOISE` in its noise order."""
 VIA_LSTSQ = " lstsq"

@@ -67,6 +67,9 @@ def test_humaneval_table_from_saved_results(tmp_path):
     md = readme.humaneval_markdown(tmp_path)
     assert "Rerun (continuous batching, 8 seats) against the earlier run (static batches of up to 8)" in md
     assert "98 min (static batches of up to 8), 22 min (continuous batching, 8 seats)" in md
+    pd.read_csv(tmp_path / "04_batch_rerun.full.csv").assign(before_commit="5388511"
+                                                             ).to_csv(tmp_path / "04_batch_rerun.full.csv", index=False)
+    assert "against the earlier run (static batches of up to 8; commit 5388511)" in readme.humaneval_markdown(tmp_path)
     pd.read_csv(tmp_path / "04_batch_rerun.full.csv").iloc[:1].to_csv(tmp_path / "04_batch_rerun.full.csv", index=False)
     assert "; not rerun yet: +s (" in readme.humaneval_markdown(tmp_path)
     df.to_csv(tmp_path / "07_humaneval.full.csv", index=False)
@@ -189,7 +192,7 @@ def test_transfer_map_block_from_a_saved_ladder(tmp_path):
     stage = pd.read_csv(tmp_path / "10_transfer_map.default.csv").iloc[:1].assign(n=106)
     stage.to_csv(tmp_path / "10_nll_stage_map.full.csv", index=False)  # a stage of the full plan follows the table
     text = transfer_map_markdown(tmp_path)
-    assert "The full plan (1 of 18 rungs so far, `fusionlab nll-stage`" in text and "106 documents" in text
+    assert "The full plan (1 of 19 rungs so far, `fusionlab nll-stage`" in text and "106 documents" in text
     assert text.count("| noise:0 | 0.000 |") == 2 and text.endswith("| transfers | K/V beats the relay |")
 
 
@@ -235,7 +238,7 @@ def test_offload_ladder_and_fuser_control_blocks_from_saved_tables(tmp_path):
                    "acc_setting": 0.75, "acc_control": 0.05}]).to_csv(tmp_path / "10_offload_ladder_256.full.csv",
                                                                       index=False)
     text = offload_ladder_markdown(tmp_path)  # a stage of the full plan follows the notebook's own table
-    assert "The full plan at 256 tokens (1 of 17 rungs so far" in text and "120 items per setting" in text
+    assert "The full plan at 256 tokens (1 of 18 rungs so far" in text and "120 items per setting" in text
     assert text.count("| noise:0 |") == 2 and text.endswith("Not run yet at 1024, 2048 tokens.")
     assert "| 1e-06 | - | transfers |" in text  # a table saved before p_vs_ceiling existed: no number made up
     pd.DataFrame([{"rung": "noise:0", "opening": "log", "gate_start": 0.135, "gate_end": 0.5, "transfer": 0.9,
