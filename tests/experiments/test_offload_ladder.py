@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from fusionlab.errors import FusionLabError
-from fusionlab.experiments import nb02_niah as niah, nb10_offload as lad
+from fusionlab.experiments import nb02_niah as niah, nb10_offload as lad, nb10_transfer_map as tm
 from fusionlab.experiments.nb10_claims import RUNG_VERDICTS
 from fusionlab.experiments.nb10_synthetic_facts import TEMPLATES, facts
 from fusionlab.lab.results import load_table, save_table
@@ -94,8 +94,6 @@ def test_accuracy_table_asks_whether_the_master_reads_more_than_the_slave_answer
 
 
 def test_the_full_plans_add_noise_rungs_where_the_default_curves_halve():
-    from fusionlab.experiments import nb10_transfer_map as tm
-
     noise = lambda rungs: [float(r.split(":")[1]) for r in rungs if r.startswith("noise:")]  # noqa: E731
     full, offload_full = tm.plan("full").rungs, lad.offload_plan("full").rungs
     assert set(tm.FINER_NOISE) <= set(full) and set(tm.FINER_NOISE) <= set(offload_full)

@@ -43,10 +43,10 @@ def test_compare_with_the_committed_run(repo):
     assert pd.read_csv(path).fillna({"changed_tasks": ""}).to_dict("records") == t.to_dict("records")
     runs = {"before_run": "batch 1", "after_run": "continuous batching, 8 seats"}  # each run says how it was made
     assert t.to_dict("records") == [
-        {"setting": "master alone", "before_commit": commit, **runs, "n": 3, "passed_before": 2, "passed_after": 2, "completions_changed": 0,
-         "outcomes_changed": 0, "changed_tasks": ""},
-        {"setting": "+s", "before_commit": commit, **runs, "n": 3, "passed_before": 2, "passed_after": 3, "completions_changed": 1,
-         "outcomes_changed": 1, "changed_tasks": "HumanEval/1"}]
+        {"setting": "master alone", "before_commit": commit, **runs, "n": 3, "passed_before": 2, "passed_after": 2,
+         "completions_changed": 0, "outcomes_changed": 0, "changed_tasks": ""},
+        {"setting": "+s", "before_commit": commit, **runs, "n": 3, "passed_before": 2, "passed_after": 3,
+         "completions_changed": 1, "outcomes_changed": 1, "changed_tasks": "HumanEval/1"}]
 
 
 def test_bad_commit_missing_run_and_no_clone(repo, tmp_path_factory):
