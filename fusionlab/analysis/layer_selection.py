@@ -63,22 +63,29 @@ def kvcomm_rank(scores: pd.Series, top: float = 0.3, always: tuple[int, ...] = (
     return sorted(int(c) for c in chosen)
 
 
-def restrict(layer_map: LayerMap, layers: list[int], label: str) -> LayerMap:
-    """The map with only `layers` (master side) kept."""
+def restrict(layer_map: LayerMap, layers: list[int], label: str, sink: int = 0) -> LayerMap:
+    """The map with only `layers` (master side) fed the slave's slots; `sink` > 0: every other mapped layer still
+    takes the slave's first `sink` slots (its attention sink; see LayerMap.first_slots)."""
     missing = sorted(set(layers) - set(layer_map.pairs))
     if missing:
         raise FusionLabError(f"layers {missing} are not in the layer map {layer_map!r}.")
-    return LayerMap({i: layer_map.pairs[i] for i in layers}, label, layer_map.master_layers, layer_map.slave_layers,
-                    dict(layer_map.params, selected=list(layers)))
+    if isinstance(sink, bool) or not isinstance(sink, int) or sink < 0:
+        raise FusionLabError(f"sink must be an int >= 0 (slots kept on the layers left out; 0: none), got {sink!r}.")
+    kept = layer_map.pairs if sink else {i: layer_map.pairs[i] for i in layers}
+    first = {i: sink for i in kept if i not in layers}
+    return LayerMap(dict(kept), label, layer_map.master_layers, layer_map.slave_layers,
+                    dict(layer_map.params, selected=list(layers), **({"sink": sink} if sink else {})), first)
 
 
-def kvcomm_select(fused: FusedModel, samples: list[tuple[str, str]], top: float = 0.3,
+def kvcomm_select(fused: FusedModel, samples: list[tuple[str, str]], top: float = 0.3, sink: int = 0,
                   **rank: Any) -> tuple[dict[int, LayerMap], pd.DataFrame]:
-    """Per slave index: its layer map cut to KVComm's top layers, scored on `samples` with this fused model (each
-    slave mapped on every layer it should be considered for); and the scores (`slot_mass_by_layer`)."""
+    """Per slave index: its layer map cut to KVComm's top layers (`sink`: the others keep that many first slots),
+    scored on `samples` with this fused model (each slave mapped on every layer it should be considered for); and
+    the scores (`slot_mass_by_layer`)."""
     df = slot_mass_by_layer(fused, samples)
     out = {}
     for s, rs in enumerate(fused.slaves):
         per = df[df["slave"] == s].groupby("layer")["mass"].mean()
-        out[s] = restrict(rs.layer_map, kvcomm_rank(per, top, **rank), f"kvcomm top {top:.0%}")
+        label = f"kvcomm top {top:.0%}" + (f" + sink {sink}" if sink else "")
+        out[s] = restrict(rs.layer_map, kvcomm_rank(per, top, **rank), label, sink)
     return out, df

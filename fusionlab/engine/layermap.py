@@ -34,6 +34,11 @@ class LayerMap:
     master_layers: int | None = None
     slave_layers: int | None = None
     params: dict[str, Any] = field(default_factory=dict)
+    first_slots: dict[int, int] = field(default_factory=dict)
+    """master layer -> how many of the slave's first slots it takes (unlisted mapped layers take all). A map that
+    feeds only some layers leaves the others' queries without the slave's first position, the attention sink they
+    would have had, and the master's own first token, which has read slots at the fed layers, is no sink: keeping
+    one slot there (`restrict(..., sink=1)`) gives them the sink back and nothing of the text beyond its first token."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.pairs, dict):
@@ -57,6 +62,22 @@ class LayerMap:
             if self.slave_layers is not None and j >= self.slave_layers:
                 raise FusionLabError(f"layer map entry {i}->{j}: slave layer {j} is out of range "
                                      f"(slave has {self.slave_layers} layers, 0..{self.slave_layers - 1}).")
+        self.first_slots = self._checked_first_slots()
+
+    def _checked_first_slots(self) -> dict[int, int]:
+        if not isinstance(self.first_slots, dict):
+            raise FusionLabError(f"LayerMap(first_slots) needs a dict {{master_layer: n}}, got "
+                                 f"{type(self.first_slots).__name__}.")
+        out = {}
+        for i, n in self.first_slots.items():
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise FusionLabError(f"first_slots[{i!r}] = {n!r}: a layer takes at least 1 slot (an int); to feed "
+                                     "it nothing, leave it out of the layer map.")
+            if isinstance(i, bool) or not isinstance(i, int) or i not in self.pairs:
+                raise FusionLabError(f"first_slots names master layer {i!r}, which the layer map does not map "
+                                     f"(mapped: {sorted(self.pairs)}); map it first.")
+            out[int(i)] = n
+        return dict(sorted(out.items()))
 
     # --- strategies -------------------------------------------------------------------------------
     @classmethod
@@ -112,7 +133,7 @@ class LayerMap:
     # --- use ----------------------------------------------------------------------------------------
     def validate_for(self, master: Any, slave: Any) -> "LayerMap":
         """Re-check against real models (a map saved for other models fails here, clearly)."""
-        return LayerMap(self.pairs, self.strategy, _layers(master), _layers(slave), self.params)
+        return LayerMap(self.pairs, self.strategy, _layers(master), _layers(slave), self.params, self.first_slots)
 
     def require_unique_slave_layers(self, why: str) -> None:
         seen: dict[int, int] = {}
@@ -125,8 +146,11 @@ class LayerMap:
         return len(self.pairs)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"pairs": {str(i): j for i, j in self.pairs.items()}, "strategy": self.strategy,
-                "master_layers": self.master_layers, "slave_layers": self.slave_layers, "params": self.params}
+        d = {"pairs": {str(i): j for i, j in self.pairs.items()}, "strategy": self.strategy,
+             "master_layers": self.master_layers, "slave_layers": self.slave_layers, "params": self.params}
+        if self.first_slots:  # only where set: a map without them keeps the dict (and the fit keys) it always had
+            d["first_slots"] = {str(i): n for i, n in self.first_slots.items()}
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "LayerMap":
@@ -136,7 +160,7 @@ class LayerMap:
             raise FusionLabError(f"LayerMap.from_dict needs {{'pairs': {{master: slave}}, ...}} (as to_dict() writes); "
                                  f"got {keys}.")
         return cls(dict(d["pairs"]), d.get("strategy", "explicit"), d.get("master_layers"), d.get("slave_layers"),
-                   d.get("params", {}))
+                   d.get("params", {}), {int(i): n for i, n in d.get("first_slots", {}).items()})
 
     def to_frame(self) -> pd.DataFrame:
         return pd.DataFrame({"master_layer": list(self.pairs), "slave_layer": list(self.pairs.values())})
@@ -151,7 +175,8 @@ class LayerMap:
         return g
 
     def __repr__(self) -> str:
-        body = ", ".join(f"{i}<-{j}" for i, j in self.pairs.items())
+        body = ", ".join(f"{i}<-{j}" + (f"[:{self.first_slots[i]}]" if i in self.first_slots else "")
+                         for i, j in self.pairs.items())
         return f"LayerMap[{self.strategy}, {self.master_layers}x{self.slave_layers}]({body})"
 
     def _repr_html_(self) -> str:

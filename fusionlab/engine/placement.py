@@ -120,8 +120,9 @@ def _slots_of(master: LM, slaves: list[ResolvedSlave], rows: list[Row], timing: 
             pos = al.master_index.to(master.device) + start  # (S,) master positions
             for i in s.layer_map.pairs:
                 if s.gates[i] > 0:  # a zero gate contributes nothing: no slots, no cost
-                    k, v = s.to_master(master, cap, al, i, pos)
-                    per_layer.setdefault(i, []).append(SlaveSlots(si, s, r, i, k, v, pos))
+                    n = s.layer_map.first_slots.get(i, pos.numel())  # a sink-only layer: the first n slots
+                    k, v = s.to_master(master, cap, al, i, pos)  # (1, H_m, S, D_m)
+                    per_layer.setdefault(i, []).append(SlaveSlots(si, s, r, i, k[:, :, :n], v[:, :, :n], pos[:n]))
             caches[si].append(cache)
     return per_layer, caches
 
@@ -184,6 +185,8 @@ def live_step(runtimes: dict[int, LayerRuntime], master: LM, slaves: list[Resolv
             cap = s.capture_kv(token[r:r + 1].to(s.lm.device), cache=seq.slave_caches[si][r],
                                positions=p.to(s.lm.device))
             for i in s.layer_map.pairs:
+                if i in s.layer_map.first_slots:  # a sink-only layer keeps its first slots, never later ones
+                    continue
                 inj = next((x for x in runtimes[i].injections if x.slave == si), None)
                 if inj is not None:
                     inj.write(r, *s.to_master(master, cap, one, i, p), p)

@@ -1,5 +1,5 @@
-"""`fusionlab` command line: doctor, fetch, models, lab, ledger, rerun-diff, offload-stage, nll-stage, figures, open,
-preflight (alias align), kv."""
+"""`fusionlab` command line: doctor, fetch, models, lab, ledger, rerun-diff, offload-stage, nll-stage, kvcomm-sink,
+figures, open, preflight (alias align), kv."""
 from __future__ import annotations
 
 import argparse
@@ -135,6 +135,22 @@ def cmd_nll_stage(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_kvcomm_sink(args: argparse.Namespace) -> int:
+    from ..experiments import nb10_kvcomm_sink as ks
+    from ..models.zoo import load
+    from .readme import write_ledger
+    from .results import save_table
+
+    def save(cells) -> None:  # after every slave: a stopped run keeps what it finished
+        save_table(cells, ks.table_name("cells"))
+        save_table(ks.table(cells), ks.table_name("table"))
+        write_ledger()
+
+    cells = ks.run(load(args.master), args.slaves, on_slave=save)
+    print(ks.table(cells).round(3).to_string(index=False))
+    return 0
+
+
 def cmd_figures(args: argparse.Namespace) -> int:
     from . import figures
 
@@ -239,6 +255,11 @@ def main(argv: list[str] | None = None) -> int:
                     "the bus ('bus') last")
     ns.add_argument("--master", default="qwen2.5-coder-0.5b-instruct")
     ns.set_defaults(fn=cmd_nll_stage)
+    ks = sub.add_parser("kvcomm-sink", help="notebook 10's full NLL documents: KVComm's layers with and without an "
+                        "attention sink, per slave, resumable (writes 10_kvcomm_sink.full.csv after each and the README)")
+    ks.add_argument("--slaves", nargs="*", default=["noise:0", "smollm2-135m-instruct", "noise:0.1", "gemma3-270m"])
+    ks.add_argument("--master", default="qwen2.5-coder-0.5b-instruct")
+    ks.set_defaults(fn=cmd_kvcomm_sink)
     fg = sub.add_parser("figures", help="list exported figures: manifest, run size, PNG dpi, PDF fonts embedded")
     fg.add_argument("--rasterize", action="store_true", help="re-render PNGs below 300 dpi from their PDF")
     fg.set_defaults(fn=cmd_figures)

@@ -12,6 +12,7 @@ from ..analysis.stats import interval
 from ..experiments.nb10_claims import (accuracy_relay_verdict, beyond_skyline_sentence, nll_rung_verdict, relay_verdict,
                                         rung_verdict)
 from ..experiments.nb10_fuser_claims import control_verdict
+from ..experiments.nb10_kvcomm_sink import table_name as sink_table, verdict as sink_verdict
 from ..experiments.nb10_crossing import accuracy_crossing, crossing_order, order_sentence, sentence
 from ..experiments.nb10_offload import offload_plan
 from ..experiments.nb10_nll_stage import table_name as nll_stage_table
@@ -65,7 +66,8 @@ def transfer_map_markdown(folder: Path | None = None) -> str:
         f"{df['gap'].iloc[0]:.2f} nats/token) the offload closes; vs other document = the control's NLL minus the "
         "offload's; slave's own gain = its own gap from reading A as a share of the master's; distance = 1 − "
         "layer-mean K/V R² after lstsq; through lstsq / KVComm layers / text relay: the same transfer through the "
-        "other channels." + _crossing(folder) + _by_domain(df, folder)) + nll_stage_markdown(folder)
+        "other channels." + _crossing(folder) + _by_domain(df, folder)) + nll_stage_markdown(folder) + \
+        kvcomm_sink_markdown(folder)
 
 
 def _map_rows(df: pd.DataFrame) -> list[str]:
@@ -88,6 +90,32 @@ def nll_stage_markdown(folder: Path | None = None) -> str:
     return (f"\n\nThe full plan ({len(df)} of {every} rungs so far, `fusionlab nll-stage`; from "
             f"`data/results/{nll_stage_table('map')}.csv`, {int(df['n'].min())} documents, the same columns):\n\n" +
             "\n".join([HEAD, "|" + "---|" * (HEAD.count("|") - 1), *_map_rows(df)]))
+
+
+SINK_HEAD = ("| slave | KVComm layers | + sink | sink only | sink's gain (nats) | + sink vs other document (nats) | "
+             "verdict |")
+
+
+def kvcomm_sink_markdown(folder: Path | None = None) -> str:
+    """KVComm's layers with and without an attention sink (`fusionlab kvcomm-sink`), each verdict from
+    `nb10_kvcomm_sink.verdict` on the saved row; '' if not run."""
+    df = load_table(sink_table("table"), folder)
+    if df is None:
+        return ""
+    rows = [" | ".join(["", r["slave"], _cell(r, "kvcomm_transfer", "kvcomm_lo", "kvcomm_hi"),
+                        _cell(r, "sink_transfer", "sink_lo", "sink_hi"),
+                        _cell(r, "sink_only_transfer", "sink_only_lo", "sink_only_hi"),
+                        _cell(r, "sink_gain", "sink_gain_low", "sink_gain_high", "+.2f"),
+                        _cell(r, "vs_control", "vs_control_low", "vs_control_high", "+.2f"), sink_verdict(r), ""]).strip()
+            for r in df.to_dict("records")]
+    return (f"\n\nWhy KVComm's layers score below the floor, even on the exact copy (`fusionlab kvcomm-sink`; from "
+            f"`data/results/{sink_table('table')}.csv`, {int(df['n'].min())} documents of the full plan, NLL transfer "
+            "with paired bootstrap CIs). The suspect: a layer left out of the selection sees only the master's own tokens, and "
+            "their first has read the slave's slots at the fed layers, so it is not the attention sink a first token "
+            "is. \"+ sink\" keeps the slave's first slot on every layer left out; \"sink only\" gives every layer that "
+            "one slot and nothing more (what the sink itself is worth); the gains are per-document NLL differences "
+            "against KVComm's layers as published and against the sink version reading another document.\n\n" +
+            "\n".join([SINK_HEAD, "|" + "---|" * (SINK_HEAD.count("|") - 1), *rows]))
 
 
 def _crossing(folder: Path | None) -> str:

@@ -196,6 +196,24 @@ def test_transfer_map_block_from_a_saved_ladder(tmp_path):
     assert text.count("| noise:0 | 0.000 |") == 2 and text.endswith("| transfers | K/V beats the relay |")
 
 
+def test_kvcomm_sink_block_from_a_saved_table_with_its_verdict_recomputed(tmp_path):
+    from fusionlab.lab.readme_transfer_map import kvcomm_sink_markdown
+
+    assert kvcomm_sink_markdown(tmp_path) == ""  # not run: nothing under the map
+    row = {"slave": "noise:0", "n": 106, "gap": 0.67, "kvcomm_transfer": -1.1, "kvcomm_lo": -1.2, "kvcomm_hi": -1.0,
+           "sink_transfer": 0.5, "sink_lo": 0.4, "sink_hi": 0.6, "sink_only_transfer": 0.07, "sink_only_lo": 0.05,
+           "sink_only_hi": 0.09, "sink_gain": 1.07, "sink_gain_low": 0.9, "sink_gain_high": 1.2, "vs_sink_only": 0.3,
+           "vs_sink_only_low": 0.2, "vs_sink_only_high": 0.4, "vs_control": 0.3, "vs_control_low": 0.2,
+           "vs_control_high": 0.4, "verdict": "typed, never read"}
+    pd.DataFrame([row, {**row, "slave": "smollm2", "vs_control_low": -0.1}]).to_csv(
+        tmp_path / "10_kvcomm_sink.full.csv", index=False)
+    lines = kvcomm_sink_markdown(tmp_path).splitlines()
+    assert "106 documents" in lines[2] and "`fusionlab kvcomm-sink`" in lines[2]
+    assert lines[6] == ("| noise:0 | -1.10 [-1.20, -1.00] | 0.50 [0.40, 0.60] | 0.07 [0.05, 0.09] | "
+                        "+1.07 [+0.90, +1.20] | +0.30 [+0.20, +0.40] | the sink mends it |")
+    assert lines[7].endswith("| +0.30 [-0.10, +0.40] | a sink only |")  # the rule's verdict, not the saved one
+
+
 def test_transfer_map_block_adds_the_crossing_when_saved(tmp_path):
     from fusionlab.experiments import nb10_crossing as cr
     from fusionlab.lab.readme_transfer_map import transfer_map_markdown
