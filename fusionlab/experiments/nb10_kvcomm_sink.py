@@ -129,7 +129,7 @@ def table(cells: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
     sink alone, the sink version's advantage over its control (all nats/token, paired by document), and `verdict`."""
     tr = nll.transfer(cells, seed=seed).set_index("setting")
     rows = []
-    for slave in [s for s in cells["slave"].dropna().unique()]:
+    for slave in cells["slave"].dropna().unique():
         name = {w: f"+{slave}, {w}" for w in (KVCOMM, WITH_SINK, SINK_ONLY)}
         by = {w: cells[cells["setting"] == n].set_index("doc")["nll"] for w, n in name.items()}
         row: dict[str, Any] = {"slave": slave, "n": int(tr.loc[name[WITH_SINK], "n"]),
