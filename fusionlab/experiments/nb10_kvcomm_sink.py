@@ -111,9 +111,14 @@ def run(master: LM, slaves: list[str], plan: tm.Plan | None = None, docs: list[c
     return _once(parts)
 
 
-def _once(parts: list[pd.DataFrame]) -> pd.DataFrame:
+def with_earlier(cells: pd.DataFrame, earlier: pd.DataFrame | None) -> pd.DataFrame:
+    """This call's cells after the ones an earlier call saved (a call for some slaves keeps the others' rows)."""
+    return cells if earlier is None else _once([earlier, cells], keep="last")
+
+
+def _once(parts: list[pd.DataFrame], keep: str = "first") -> pd.DataFrame:
     """Floor and skyline cells once (every slave's grid has them), the slave column on its own settings only."""
-    df = pd.concat(parts, ignore_index=True).drop_duplicates(["setting", "doc"]).reset_index(drop=True)
+    df = pd.concat(parts, ignore_index=True).drop_duplicates(["setting", "doc"], keep=keep).reset_index(drop=True)
     return df.assign(slave=df["slave"].where(df["role"].isin(["cross", "control"])))
 
 

@@ -25,6 +25,10 @@ def test_the_study_runs_each_slave_four_ways_with_floor_and_skyline_once(tiny, t
     t = ks.table(cells)
     assert t["slave"].tolist() == ["noise:0", "tiny"] and (t["n"] == 4).all()
     assert set(t["verdict"]) <= {"the sink mends it", "a sink only", "no effect", "the sink hurts", "inconclusive"}
+    first, second = (cells[cells["slave"].ne(s)] for s in ("tiny", "noise:0"))
+    both = ks.with_earlier(second.reset_index(drop=True), first.reset_index(drop=True))
+    assert ks.table(both)["slave"].tolist() == ["noise:0", "tiny"]  # a call for one slave keeps the other's rows
+    assert ks.with_earlier(cells, None) is cells
     again = ks.run(m, ["noise:0"], plan, docs, tmp_path / "c.jsonl", load_slave=tiny, texts=texts)
     pd.testing.assert_frame_equal(again.drop(columns="seconds"),  # resumed: every cell read back
                                   cells[cells["slave"].ne("tiny")].reset_index(drop=True).drop(columns="seconds"))
