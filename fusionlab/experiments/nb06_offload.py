@@ -149,6 +149,11 @@ def answers(fused: FusedModel, items: list[Item], reads: str, max_new_tokens: in
     return records_as_rows_end(batcher, prompts, record, emit, max_new_tokens=max_new_tokens, context=docs)
 
 
+def slave_key(master: LM, slave: LM, projector: Any) -> str:
+    """The cache key of a slave fed through `projector` (each channel on it appends its own suffix)."""
+    return f"{master.fingerprint[:12]}|{slave.fingerprint[:12]}|{projector.kind}|{projector.fingerprint()[:12]}"
+
+
 def settings(master: LM, slaves: dict[str, tuple[LM, LstsqProjector]], kvcomm: dict[str, LayerMap] | None = None,
              naive: list[str] | tuple[str, ...] = (), bus: bool = True, self_copy: bool = True,
              ceilings: bool = True, layer_maps: dict[str, LayerMap] | None = None) -> list[Setting]:
@@ -171,7 +176,7 @@ def settings(master: LM, slaves: dict[str, tuple[LM, LstsqProjector]], kvcomm: d
         return Slave(lm, layer_map=home, projector=proj, align="mean", rope=rope)
 
     for label, (lm, proj) in slaves.items():
-        key = f"{fp}|{lm.fingerprint[:12]}|{proj.kind}|{proj.fingerprint()[:12]}"
+        key = slave_key(master, lm, proj)
         mk = lambda label=label: fuse(master, [slave(label)])  # noqa: E731
         if ceilings:
             out.append(Setting(f"{label} alone (reads it)", f"ceiling|{lm.fingerprint[:12]}",

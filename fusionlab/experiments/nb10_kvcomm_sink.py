@@ -65,7 +65,7 @@ def settings(master: LM, ch: Channel, samples: list[tuple[str, str]], sink: int 
             WITH_SINK: restrict(ch.home, sel, f"kvcomm top 30% + sink {sink}", sink),
             SINK_ONLY: restrict(ch.home, [], f"sink {sink} only", sink)}
     fp = master.fingerprint[:12]
-    key = f"{fp}|{ch.lm.fingerprint[:12]}|{ch.projector.kind}|{ch.projector.fingerprint()[:12]}"
+    key = off.slave_key(master, ch.lm, ch.projector)
     keys = {KVCOMM: f"{key}|kvcomm{sel}",  # notebook 06's key for KVComm's layers: the stage's cells are reused
             WITH_SINK: f"{key}|kvcomm{sel}|sink{sink}", SINK_ONLY: f"{key}|sink{sink}"}
     none = lambda: fuse(master, [])  # noqa: E731
