@@ -77,15 +77,13 @@ def restrict(layer_map: LayerMap, layers: list[int], label: str, sink: int = 0) 
                     dict(layer_map.params, selected=list(layers), **({"sink": sink} if sink else {})), first)
 
 
-def kvcomm_select(fused: FusedModel, samples: list[tuple[str, str]], top: float = 0.3, sink: int = 0,
+def kvcomm_select(fused: FusedModel, samples: list[tuple[str, str]], top: float = 0.3,
                   **rank: Any) -> tuple[dict[int, LayerMap], pd.DataFrame]:
-    """Per slave index: its layer map cut to KVComm's top layers (`sink`: the others keep that many first slots),
-    scored on `samples` with this fused model (each slave mapped on every layer it should be considered for); and
-    the scores (`slot_mass_by_layer`)."""
+    """Per slave index: its layer map cut to KVComm's top layers, scored on `samples` with this fused model (each
+    slave mapped on every layer it should be considered for); and the scores (`slot_mass_by_layer`)."""
     df = slot_mass_by_layer(fused, samples)
     out = {}
     for s, rs in enumerate(fused.slaves):
         per = df[df["slave"] == s].groupby("layer")["mass"].mean()
-        label = f"kvcomm top {top:.0%}" + (f" + sink {sink}" if sink else "")
-        out[s] = restrict(rs.layer_map, kvcomm_rank(per, top, **rank), label, sink)
+        out[s] = restrict(rs.layer_map, kvcomm_rank(per, top, **rank), f"kvcomm top {top:.0%}")
     return out, df

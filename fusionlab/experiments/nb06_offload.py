@@ -154,6 +154,14 @@ def slave_key(master: LM, slave: LM, projector: Any) -> str:
     return f"{master.fingerprint[:12]}|{slave.fingerprint[:12]}|{projector.kind}|{projector.fingerprint()[:12]}"
 
 
+def bounds(master: LM) -> list[Setting]:
+    """Floor and skyline: the master alone without the document and reading it (every grid's two ends)."""
+    fp = master.fingerprint[:12]
+    none = lambda: fuse(master, [])  # noqa: E731
+    return [Setting("floor (no document)", f"floor|{fp}", none, "nothing", "floor"),
+            Setting("skyline (master reads it)", f"skyline|{fp}", none, "itself", "skyline")]
+
+
 def settings(master: LM, slaves: dict[str, tuple[LM, LstsqProjector]], kvcomm: dict[str, LayerMap] | None = None,
              naive: list[str] | tuple[str, ...] = (), bus: bool = True, self_copy: bool = True,
              ceilings: bool = True, layer_maps: dict[str, LayerMap] | None = None) -> list[Setting]:
@@ -162,9 +170,7 @@ def settings(master: LM, slaves: dict[str, tuple[LM, LstsqProjector]], kvcomm: d
     knew, the most a transfer of its memory can carry; a null is evidence only where the ceiling beats the floor).
     `layer_maps`: the map of a slave whose projector has none (identity; a pruned sibling's map home)."""
     fp = master.fingerprint[:12]
-    none = lambda: fuse(master, [])  # noqa: E731
-    out = [Setting("floor (no document)", f"floor|{fp}", none, "nothing", "floor"),
-           Setting("skyline (master reads it)", f"skyline|{fp}", none, "itself", "skyline")]
+    out = bounds(master)
     if self_copy:
         mk = lambda: fuse(master, [Slave(master, mode="concat", rope="master")])  # noqa: E731
         out += [Setting("self-offload", f"self|{fp}", mk, "document", "self"),

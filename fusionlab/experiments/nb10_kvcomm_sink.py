@@ -60,17 +60,15 @@ class Channel:
 
 def settings(master: LM, ch: Channel, samples: list[tuple[str, str]], sink: int = SINK) -> list[off.Setting]:
     """Floor, skyline and the four ways above for one slave; KVComm's layers are selected once, on `samples`."""
-    sel = sorted(tm.kvcomm_layers(master, ch.lm, ch.projector, ch.home, samples).pairs)
-    maps = {KVCOMM: restrict(ch.home, sel, "kvcomm top 30%"),
+    published = tm.kvcomm_layers(master, ch.lm, ch.projector, ch.home, samples)
+    sel = sorted(published.pairs)
+    maps = {KVCOMM: published,
             WITH_SINK: restrict(ch.home, sel, f"kvcomm top 30% + sink {sink}", sink),
             SINK_ONLY: restrict(ch.home, [], f"sink {sink} only", sink)}
-    fp = master.fingerprint[:12]
     key = off.slave_key(master, ch.lm, ch.projector)
     keys = {KVCOMM: f"{key}|kvcomm{sel}",  # notebook 06's key for KVComm's layers: the stage's cells are reused
             WITH_SINK: f"{key}|kvcomm{sel}|sink{sink}", SINK_ONLY: f"{key}|sink{sink}"}
-    none = lambda: fuse(master, [])  # noqa: E731
-    out = [off.Setting("floor (no document)", f"floor|{fp}", none, "nothing", "floor"),
-           off.Setting("skyline (master reads it)", f"skyline|{fp}", none, "itself", "skyline")]
+    out = off.bounds(master)
     for way, lmap in maps.items():
         mk = lambda lmap=lmap: fuse(master, [Slave(ch.lm, layer_map=lmap, projector=ch.projector,  # noqa: E731
                                                    align="mean")])

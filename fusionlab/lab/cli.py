@@ -144,8 +144,9 @@ def cmd_kvcomm_sink(args: argparse.Namespace) -> int:
     earlier = load_table(ks.table_name("cells"))  # slaves an earlier call measured stay in the table
 
     def save(cells) -> None:  # after every slave: a stopped run keeps what it finished
-        save_table(ks.with_earlier(cells, earlier), ks.table_name("cells"))
-        save_table(ks.table(ks.with_earlier(cells, earlier)), ks.table_name("table"))
+        every = ks.with_earlier(cells, earlier)
+        save_table(every, ks.table_name("cells"))
+        save_table(ks.table(every), ks.table_name("table"))
         write_ledger()
 
     cells = ks.run(load(args.master), args.slaves, on_slave=save)
@@ -258,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     ns.add_argument("--master", default="qwen2.5-coder-0.5b-instruct")
     ns.set_defaults(fn=cmd_nll_stage)
     ks = sub.add_parser("kvcomm-sink", help="notebook 10's full NLL documents: KVComm's layers with and without an "
-                        "attention sink, per slave, resumable (writes 10_kvcomm_sink.full.csv after each and the README)")
+                        "attention sink, per slave, resumable (writes 10_kvcomm_sink.full.csv after each slave and "
+                        "the README)")
     ks.add_argument("--slaves", nargs="*", default=["noise:0", "smollm2-135m-instruct", "noise:0.1", "gemma3-270m"])
     ks.add_argument("--master", default="qwen2.5-coder-0.5b-instruct")
     ks.set_defaults(fn=cmd_kvcomm_sink)

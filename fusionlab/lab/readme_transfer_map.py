@@ -106,12 +106,13 @@ def kvcomm_sink_markdown(folder: Path | None = None) -> str:
                         _cell(r, "sink_transfer", "sink_lo", "sink_hi"),
                         _cell(r, "sink_only_transfer", "sink_only_lo", "sink_only_hi"),
                         _cell(r, "sink_gain", "sink_gain_low", "sink_gain_high", "+.2f"),
-                        _cell(r, "vs_control", "vs_control_low", "vs_control_high", "+.2f"), sink_verdict(r), ""]).strip()
+                        _cell(r, "vs_control", "vs_control_low", "vs_control_high", "+.2f"), sink_verdict(r),
+                        ""]).strip()
             for r in df.to_dict("records")]
     return (f"\n\nWhy KVComm's layers score below the floor, even on the exact copy (`fusionlab kvcomm-sink`; from "
             f"`data/results/{sink_table('table')}.csv`, {int(df['n'].min())} documents of the full plan, NLL transfer "
-            "with paired bootstrap CIs). The suspect: a layer left out of the selection sees only the master's own tokens, and "
-            "their first has read the slave's slots at the fed layers, so it is not the attention sink a first token "
+            "with paired bootstrap CIs). The suspect: a layer left out of the selection sees only the master's own "
+            "tokens, and their first has read the slave's slots at the fed layers, so it is not the attention sink a first token "
             "is. \"+ sink\" keeps the slave's first slot on every layer left out; \"sink only\" gives every layer that "
             "one slot and nothing more (what the sink itself is worth); the gains are per-document NLL differences "
             "against KVComm's layers as published and against the sink version reading another document.\n\n" +

@@ -17,8 +17,8 @@ def test_the_study_runs_each_slave_four_ways_with_floor_and_skyline_once(tiny, t
     plan = tm.Plan(["noise:0"], ["tiny-llama"], 4, 40, 16, 5)
     texts = [d.text[:120] for d in corpus(5, "code")]
     seen = []
-    cells = ks.run(m, ["noise:0", "tiny-llama"], plan, docs, tmp_path / "c.jsonl", on_slave=lambda c: seen.append(len(c)),
-                   load_slave=tiny, texts=texts)
+    cells = ks.run(m, ["noise:0", "tiny-llama"], plan, docs, tmp_path / "c.jsonl",
+                   on_slave=lambda c: seen.append(len(c)), load_slave=tiny, texts=texts)
     assert seen == [4 * 2 + 4 * 4, 4 * 2 + 8 * 4]  # floor + skyline once; 3 ways + 1 control per slave
     assert set(cells["slave"].dropna()) == {"noise:0", "tiny"}
     assert cells[cells["role"].isin(["floor", "skyline"])]["slave"].isna().all()
