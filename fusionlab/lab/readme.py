@@ -15,6 +15,7 @@ from ..engine.continuous import GROUP_SEATS
 from ..experiments import nb04_humaneval as he
 from ..paths import bench_results_dir, notebooks_dir, readme_path
 from .readme_continuous import continuous_markdown
+from .rerun import COLUMN_TYPES
 from .readme_transfer_map import fuser_control_markdown, offload_ladder_markdown, transfer_map_markdown
 from .readme_cluster import ray_markdown
 from .readme_learning_curve import learning_curve_markdown
@@ -182,7 +183,7 @@ def humaneval_markdown(folder: Path | None = None, stem: str = "04_humaneval") -
 
 def rerun_markdown(folder: Path | None, notebook: str, settings: list[str]) -> str:
     """The batched rerun against the earlier batch-1 run, problem by problem (`humaneval.rerun_changes`)."""
-    got = best_table(f"{notebook}_batch_rerun", folder)
+    got = best_table(f"{notebook}_batch_rerun", folder, dtype=COLUMN_TYPES)
     if got is None:
         return ""
     df, size = got
@@ -193,7 +194,7 @@ def rerun_markdown(folder: Path | None, notebook: str, settings: list[str]) -> s
     before, after = (("batch 1", "batched") if "before_run" not in df else  # saved before the runs were labelled
                      (" / ".join(df["before_run"].unique()), " / ".join(df["after_run"].unique())))
     if "before_commit" in df:  # saved since comparisons name the earlier run's commit
-        before = f"{before}; commit {' / '.join(df['before_commit'].astype(str).unique())}"
+        before = f"{before}; commit {' / '.join(df['before_commit'].unique())}"
     wall = (f" Generation wall time of these settings: {df['seconds_before'].sum() / 60:.0f} min ({before}), "
             f"{df['seconds_after'].sum() / 60:.0f} min ({after})"
             + (" (target: <= 25 min for the four settings on this CPU)." if notebook == "04" else ".")

@@ -17,6 +17,8 @@ from ..experiments import nb04_humaneval as he
 from ..paths import results_dir
 from .results import save_table
 
+COLUMN_TYPES = {"before_commit": str}  # a short hash can be all digits (0274500): read it back as text
+
 
 def table_at_commit(path: Path, commit: str) -> tuple[pd.DataFrame, str]:
     """The CSV at `path` as `commit` saved it, and that commit's short hash (what the README line names: a branch

@@ -103,13 +103,15 @@ def ledger(folder: Path | None = None, with_open: bool = True, gpu: Path | None 
     return pd.DataFrame(rows)
 
 
-def best_table(stem: str, folder: Path | None = None) -> tuple[pd.DataFrame, str] | None:
-    """The saved table `stem`.<size>.csv from the largest run size available (full > default > quick)."""
+def best_table(stem: str, folder: Path | None = None,
+               dtype: dict[str, type] | None = None) -> tuple[pd.DataFrame, str] | None:
+    """The saved table `stem`.<size>.csv from the largest run size available (full > default > quick); `dtype` pins
+    columns pandas would guess wrong (a commit hash of digits only, `0274500`, would read as the int 274500)."""
     folder = Path(folder or results_dir())
     for size in SIZES:
         f = folder / f"{stem}.{size}.csv"
         if f.exists():
-            return pd.read_csv(f), size
+            return pd.read_csv(f, dtype=dtype), size
     return None
 
 
