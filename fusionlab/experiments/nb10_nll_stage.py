@@ -24,11 +24,20 @@ from . import nb07_corpora as corpora
 from . import nb10_finetune as finetune
 from . import nb10_nll_transfer as nll
 from . import nb10_transfer_map as tm
+from .nb10_crossing import as_row, crossing
 from .nb10_offload_stage import BUS, chosen_rungs, stage_labels, stage_rungs
 
+
 def table_name(kind: str, size: str = "full") -> str:
-    """`10_nll_stage_<kind>.<size>`: kind 'cells', 'divergence' or 'map' (the ladder table over the rungs done)."""
+    """`10_nll_stage_<kind>.<size>`: kind 'cells', 'divergence', 'map' (the ladder table over the rungs done) or
+    'crossing' (`stage_crossing`)."""
     return f"10_nll_stage_{kind}.{size}"
+
+
+def stage_crossing(cells: pd.DataFrame, divergence: pd.DataFrame) -> pd.DataFrame:
+    """The weight-noise rungs done so far as one curve of KL (`nb10_crossing.crossing`, bootstrap over the stage's
+    documents), one row as notebook 10 saves `10_crossing`: where the full plan's transfer halves."""
+    return pd.DataFrame([as_row(crossing(cells, divergence))])
 
 
 def run_nll_stage(master: LM, rungs: list[str] | None = None, plan: tm.Plan | None = None,

@@ -118,13 +118,14 @@ def cmd_offload_stage(args: argparse.Namespace) -> int:
 
 def cmd_nll_stage(args: argparse.Namespace) -> int:
     from ..experiments import nb10_transfer_map as tm
-    from ..experiments.nb10_nll_stage import run_nll_stage, table_name
+    from ..experiments.nb10_nll_stage import run_nll_stage, stage_crossing, table_name
     from ..models.zoo import load
     from .readme import write_ledger
     from .results import load_table, save_table
 
     def save(cells, divergence, table) -> None:  # after every rung: a stopped stage keeps what it finished
-        for kind, df in (("cells", cells), ("divergence", divergence), ("map", table)):
+        for kind, df in (("cells", cells), ("divergence", divergence), ("map", table),
+                         ("crossing", stage_crossing(cells, divergence))):
             save_table(df, table_name(kind))
         write_ledger()
 

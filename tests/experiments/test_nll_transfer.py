@@ -304,3 +304,20 @@ def test_an_nll_stage_computes_the_notebooks_own_cells_rung_by_rung(tiny, tmp_pa
     twins = tm.Plan(["noise:0"], ["tiny-llama", "tiny-gemma3"], 4, 40, 16, 2)
     with pytest.raises(FusionLabError, match="share the short name 'tiny'"):
         stage.run_nll_stage(m, ["noise:0"], twins, docs)
+
+
+def test_a_stage_reads_its_noise_rungs_as_one_curve_of_kl():
+    from fusionlab.experiments.nb10_nll_stage import stage_crossing
+
+    floor, sky = [3.0, 3.2, 2.8], [2.0, 2.2, 1.8]  # a gap of 1 nat on each document
+    share = {"noise:0": 1.0, "noise:0.1": 0.75, "noise:0.2": 0.25}
+    cells = pd.DataFrame([{"setting": s, "doc": d, "nll": v} for d in range(3) for s, v in
+                          [("floor (no document)", floor[d]), ("skyline (master reads it)", sky[d])] +
+                          [(f"+{r}", floor[d] - x) for r, x in share.items()]])
+    div = pd.DataFrame({"recipe": ["noise:0", "noise:0.1", "noise:0.2", "smollm2"], "kl": [0.0, 1.0, 5.0, math.nan]})
+    row = stage_crossing(cells, div).iloc[0]
+    assert row["family"] == "noise:0,noise:0.1,noise:0.2" and row["bracketed"] and row["n"] == 3
+    assert row["crossing"] == pytest.approx(5 ** 0.5) and row["lo"] == pytest.approx(5 ** 0.5)  # halfway in log KL
+    flat = cells.assign(nll=3.0)  # floor = skyline: nothing to fall from, no crossing made up
+    assert not stage_crossing(flat, div).iloc[0]["bracketed"]
+    assert stage_crossing(cells[cells["setting"] != "+noise:0.2"], div).iloc[0]["bracketed"] == False  # noqa: E712

@@ -1,7 +1,12 @@
 """The fusionlab CLI: align, kv, models; errors print one line and exit 2."""
 from __future__ import annotations
 
+import pandas as pd
+import pytest
+
 from fusionlab import kv
+from fusionlab.experiments import nb10_nll_stage as stage
+from fusionlab.lab import readme, results
 from fusionlab.lab.cli import main
 from fusionlab.models.tiny import tiny_config
 
@@ -38,3 +43,25 @@ def test_an_offload_stage_at_a_length_outside_the_plan_exits_2(capsys):
 def test_an_nll_stage_with_a_rung_outside_the_plan_exits_2(capsys):
     assert main(["nll-stage", "--rungs", "noise:0.5", "--master", "tiny-qwen2"]) == 2
     assert "rungs=['noise:0.5'] are not in the plan" in capsys.readouterr().err
+
+
+def test_an_nll_stage_saves_its_tables_and_its_crossing_after_each_rung(monkeypatch, tmp_path, capsys):
+    """The stage itself is tested in test_nll_transfer; here: what the command saves after a rung."""
+    cells = pd.DataFrame([{"setting": s, "doc": d, "nll": v, "role": r} for d in range(2) for s, v, r in
+                          [("floor (no document)", 3.0, "floor"), ("skyline (master reads it)", 2.0, "skyline"),
+                           ("+noise:0", 2.0, "cross"), ("+noise:0.1", 2.8, "cross")]])
+    div = pd.DataFrame({"recipe": ["noise:0", "noise:0.1"], "kl": [0.0, 1.0]})
+    table = pd.DataFrame({"slave": ["noise:0"], "transfer": [1.0]})
+
+    def fake_stage(master, rungs, on_rung, earlier):
+        on_rung(cells, div, table)
+        return table
+
+    monkeypatch.setattr(results, "results_dir", lambda: tmp_path)
+    monkeypatch.setattr(stage, "run_nll_stage", fake_stage)
+    monkeypatch.setattr(readme, "write_ledger", lambda: None)
+    monkeypatch.setattr("fusionlab.experiments.nb10_transfer_map.summary", lambda t: t)
+    assert main(["nll-stage", "--rungs", "noise:0.1", "--master", "tiny-qwen2"]) == 0
+    got = {k: pd.read_csv(tmp_path / f"10_nll_stage_{k}.full.csv") for k in ("cells", "divergence", "map", "crossing")}
+    assert len(got["cells"]) == 8 and got["crossing"].iloc[0]["family"] == "noise:0,noise:0.1"
+    assert got["crossing"].iloc[0]["crossing"] == pytest.approx(0.625)  # 1.0 -> 0.2 between KL 0 and 1: linear from the copy

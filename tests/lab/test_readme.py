@@ -195,6 +195,12 @@ def test_transfer_map_block_from_a_saved_ladder(tmp_path):
     text = transfer_map_markdown(tmp_path)
     assert "The full plan (1 of 19 rungs so far, `fusionlab nll-stage`" in text and "106 documents" in text
     assert text.count("| noise:0 | 0.000 |") == 2 and text.endswith("| transfers | K/V beats the relay |")
+    pd.DataFrame([{"family": "noise:0,noise:0.1,noise:0.2", "kl_max": 5.1, "level": 0.5, "n": 106, "crossing": 1.2,
+                   "lo": 1.1, "hi": 1.3, "share_defined": 1.0, "bracketed": True, "unit": "documents",
+                   "of": "transfer"}]).to_csv(tmp_path / "10_nll_stage_crossing.full.csv", index=False)
+    assert transfer_map_markdown(tmp_path).endswith(  # the stage's own crossing, under its table
+        "\n\nThe full plan's weight-noise rungs as one curve of KL: transfer falls to 50% of the gap at KL 1.2 "
+        "nats/token [1.1, 1.3] (bootstrap over 106 documents; 100% of resamples cross within the ladder).")
 
 
 def test_kvcomm_sink_block_from_a_saved_table_with_its_verdict_recomputed(tmp_path):
