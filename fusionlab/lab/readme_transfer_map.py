@@ -90,7 +90,7 @@ def nll_stage_markdown(folder: Path | None = None) -> str:
     return (f"\n\nThe full plan ({len(df)} of {every} rungs so far, `fusionlab nll-stage`; from "
             f"`data/results/{nll_stage_table('map')}.csv`, {int(df['n'].min())} documents, the same columns):\n\n" +
             "\n".join([HEAD, "|" + "---|" * (HEAD.count("|") - 1), *_map_rows(df)]) +
-            _crossing(folder, nll_stage_table("crossing").split(".")[0], "\n\nThe full plan's weight-noise rungs"))
+            _halves(load_table(nll_stage_table("crossing"), folder), "\n\nThe full plan's weight-noise rungs"))
 
 
 SINK_HEAD = ("| slave | KVComm layers | + sink | sink only | sink's gain (nats) | + sink vs other document (nats) | "
@@ -120,11 +120,15 @@ def kvcomm_sink_markdown(folder: Path | None = None) -> str:
             "\n".join([SINK_HEAD, "|" + "---|" * (SINK_HEAD.count("|") - 1), *rows]))
 
 
-def _crossing(folder: Path | None, stem: str = "10_crossing", lead: str = " Weight-noise rungs") -> str:
-    """Where the weight-noise curve halves (`nb10_crossing`), when the run (notebook 10's, or the NLL stage's) saved
-    it."""
-    got = best_table(stem, folder)
-    return "" if got is None else f"{lead} as one curve of KL: {sentence(got[0].iloc[0].to_dict())}."
+def _crossing(folder: Path | None) -> str:
+    """Where the weight-noise curve halves (`nb10_crossing`), when notebook 10's run saved it."""
+    got = best_table("10_crossing", folder)
+    return _halves(None if got is None else got[0], " Weight-noise rungs")
+
+
+def _halves(saved: pd.DataFrame | None, lead: str) -> str:
+    """A saved crossing row (notebook 10's or the NLL stage's) as the README's sentence; '' when none was saved."""
+    return "" if saved is None else f"{lead} as one curve of KL: {sentence(saved.iloc[0].to_dict())}."
 
 
 def _by_domain(table: pd.DataFrame, folder: Path | None) -> str:

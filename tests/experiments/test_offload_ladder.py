@@ -96,11 +96,13 @@ def test_accuracy_table_asks_whether_the_master_reads_more_than_the_slave_answer
 def test_the_full_plans_add_noise_rungs_where_the_default_curves_halve():
     noise = lambda rungs: [float(r.split(":")[1]) for r in rungs if r.startswith("noise:")]  # noqa: E731
     full, offload_full = tm.plan("full").rungs, lad.offload_plan("full").rungs
-    assert set(tm.FINER_NOISE) <= set(full) and set(tm.FINER_NOISE) <= set(offload_full)
-    assert not set(tm.FINER_NOISE) & set(tm.plan("default").rungs)  # the default run is unchanged
+    added = {*tm.FINER_NOISE, *tm.BEND_NOISE}
+    assert added <= set(full) and added <= set(offload_full)
+    assert not added & set(tm.plan("default").rungs)  # the default run is unchanged
     assert noise(full) == sorted(noise(full)) and noise(offload_full) == sorted(noise(offload_full))
-    assert [r for r in full if r not in tm.FINER_NOISE][:len(tm.LADDER)] == list(tm.LADDER)
+    assert [r for r in full if r not in added][:len(tm.LADDER)] == list(tm.LADDER)
     assert 0.03 < min(noise(tm.FINER_NOISE)) and max(noise(tm.FINER_NOISE)) < 0.1
+    assert 0.1 < min(noise(tm.BEND_NOISE)) and max(noise(tm.BEND_NOISE)) < 0.2  # between the rungs NLL halves
 
 
 @pytest.mark.parametrize("size", ["quick", "default", "full"])

@@ -193,7 +193,7 @@ def test_transfer_map_block_from_a_saved_ladder(tmp_path):
     stage = pd.read_csv(tmp_path / "10_transfer_map.default.csv").iloc[:1].assign(n=106)
     stage.to_csv(tmp_path / "10_nll_stage_map.full.csv", index=False)  # a stage of the full plan follows the table
     text = transfer_map_markdown(tmp_path)
-    assert "The full plan (1 of 19 rungs so far, `fusionlab nll-stage`" in text and "106 documents" in text
+    assert "The full plan (1 of 20 rungs so far, `fusionlab nll-stage`" in text and "106 documents" in text
     assert text.count("| noise:0 | 0.000 |") == 2 and text.endswith("| transfers | K/V beats the relay |")
     pd.DataFrame([{"family": "noise:0,noise:0.1,noise:0.2", "kl_max": 5.1, "level": 0.5, "n": 106, "crossing": 1.2,
                    "lo": 1.1, "hi": 1.3, "share_defined": 1.0, "bracketed": True, "unit": "documents",
@@ -263,7 +263,7 @@ def test_offload_ladder_and_fuser_control_blocks_from_saved_tables(tmp_path):
                    "acc_setting": 0.75, "acc_control": 0.05}]).to_csv(tmp_path / "10_offload_ladder_256.full.csv",
                                                                       index=False)
     text = offload_ladder_markdown(tmp_path)  # a stage of the full plan follows the notebook's own table
-    assert "The full plan at 256 tokens (1 of 18 rungs so far" in text and "120 items per setting" in text
+    assert "The full plan at 256 tokens (1 of 19 rungs so far" in text and "120 items per setting" in text
     assert text.count("| noise:0 |") == 2 and text.endswith("Not run yet at 1024, 2048 tokens.")
     assert "| 1e-06 | - | transfers |" in text  # a table saved before p_vs_ceiling existed: no number made up
     pd.DataFrame([{"rung": "noise:0", "opening": "log", "gate_start": 0.135, "gate_end": 0.5, "transfer": 0.9,
