@@ -113,8 +113,8 @@ def kvcomm_sink_markdown(folder: Path | None = None) -> str:
     return (f"\n\nWhy KVComm's layers score below the floor, even on the exact copy (`fusionlab kvcomm-sink`; from "
             f"`data/results/{sink_table('table')}.csv`, {int(df['n'].min())} documents of the full plan, NLL transfer "
             "with paired bootstrap CIs). The suspect: a layer left out of the selection sees only the master's own "
-            "tokens, and their first has read the slave's slots at the fed layers, so it is not the attention sink a first token "
-            "is. \"+ sink\" keeps the slave's first slot on every layer left out; \"sink only\" gives every layer that "
+            "tokens, and their first has read the slave's slots at the fed layers, so it is not the attention sink a "
+            "first token is. \"+ sink\" keeps the slave's first slot on every layer left out; \"sink only\" gives every layer that "
             "one slot and nothing more (what the sink itself is worth); the gains are per-document NLL differences "
             "against KVComm's layers as published and against the sink version reading another document.\n\n" +
             "\n".join([SINK_HEAD, "|" + "---|" * (SINK_HEAD.count("|") - 1), *rows]))

@@ -64,4 +64,5 @@ def test_an_nll_stage_saves_its_tables_and_its_crossing_after_each_rung(monkeypa
     assert main(["nll-stage", "--rungs", "noise:0.1", "--master", "tiny-qwen2"]) == 0
     got = {k: pd.read_csv(tmp_path / f"10_nll_stage_{k}.full.csv") for k in ("cells", "divergence", "map", "crossing")}
     assert len(got["cells"]) == 8 and got["crossing"].iloc[0]["family"] == "noise:0,noise:0.1"
-    assert got["crossing"].iloc[0]["crossing"] == pytest.approx(0.625)  # 1.0 -> 0.2 between KL 0 and 1: linear from the copy
+    # transfer 1.0 -> 0.2 between KL 0 and 1, interpolated linearly from the copy at KL 0
+    assert got["crossing"].iloc[0]["crossing"] == pytest.approx(0.625)

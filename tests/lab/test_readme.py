@@ -67,10 +67,10 @@ def test_humaneval_table_from_saved_results(tmp_path):
     md = readme.humaneval_markdown(tmp_path)
     assert "Rerun (continuous batching, 8 seats) against the earlier run (static batches of up to 8)" in md
     assert "98 min (static batches of up to 8), 22 min (continuous batching, 8 seats)" in md
+    # an all-digit hash with a leading zero stays text
     pd.read_csv(tmp_path / "04_batch_rerun.full.csv").assign(before_commit="0274500"
                                                              ).to_csv(tmp_path / "04_batch_rerun.full.csv", index=False)
     assert "against the earlier run (static batches of up to 8; commit 0274500)" in readme.humaneval_markdown(tmp_path)
-    # an all-digit hash with a leading zero stays text
     pd.read_csv(tmp_path / "04_batch_rerun.full.csv").iloc[:1].to_csv(tmp_path / "04_batch_rerun.full.csv", index=False)
     assert "; not rerun yet: +s (" in readme.humaneval_markdown(tmp_path)
     df.to_csv(tmp_path / "07_humaneval.full.csv", index=False)

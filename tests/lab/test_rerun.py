@@ -40,7 +40,8 @@ def test_compare_with_the_committed_run(repo):
     new.assign(batch=8, scheduler="continuous").to_csv(res / "04_humaneval.full.csv", index=False)
     t, path = compare_with_commit("04", "HEAD", "full", res)  # a moving name is saved as the hash it meant
     assert path == res / "04_batch_rerun.full.csv"
-    assert pd.read_csv(path, dtype=COLUMN_TYPES).fillna({"changed_tasks": ""}).to_dict("records") == t.to_dict("records")
+    saved = pd.read_csv(path, dtype=COLUMN_TYPES).fillna({"changed_tasks": ""})
+    assert saved.to_dict("records") == t.to_dict("records")
     runs = {"before_run": "batch 1", "after_run": "continuous batching, 8 seats"}  # each run says how it was made
     assert t.to_dict("records") == [
         {"setting": "master alone", "before_commit": commit, **runs, "n": 3, "passed_before": 2, "passed_after": 2,
