@@ -1,7 +1,7 @@
 """The README's continuous-batching measurements, rendered from the benchmarks' JSON (never copied by hand):
 `bench_continuous.py` (ours against transformers' `generate_batch`, continuous against static batches),
-`bench_streaming.py` (a grid streamed through one scheduler run against groups) and `bench_seats.py` (how many
-seats a grid should use)."""
+`bench_streaming.py` (a grid streamed through one scheduler run against groups), `bench_seats.py` (how many
+seats a grid should use) and `seat_replay.py` (which admission order would keep the seats busy)."""
 from __future__ import annotations
 
 import json
@@ -62,12 +62,31 @@ def _seats(r: dict) -> str:
             f"`benchmarks/results/seats.json`): " + "; ".join(per) + ".")
 
 
+def _span(settings: dict, order: str, field: str = "occupancy") -> str:
+    """The lowest and highest share of busy seat-steps over the settings, for one admission order."""
+    shares = [v[order][field] for v in settings.values()]
+    return f"{min(shares):.0%}-{max(shares):.0%}"
+
+
+def _seat_replay(r: dict) -> str:
+    """The replay of the committed HumanEval run: which admission order would have kept the seats busy."""
+    s, both = r["settings"], r["four_settings_sharing_seats"]
+    return (f"- Why the seats stay under 85 % busy (`benchmarks/seat_replay.py`, {r['date']}; the committed full "
+            f"HumanEval run's {len(s)} settings replayed from their completions' token counts, no model, "
+            f"{r['seats']} seats; `benchmarks/results/seat_replay.json`): in the grid's order (shortest prompt first) "
+            f"the replay gives {_span(s, 'grid_order')} of seat-steps busy where the run measured "
+            f"{_span(s, 'measured')}; random orders {_span(s, 'random_orders', 'occupancy_mean')} on average; "
+            f"longest completion first {_span(s, 'longest_first')}, but that needs the lengths before decoding. "
+            f"Each setting's run ends with its last rows decoding alone; the four settings sharing one run's seats "
+            f"would keep {both['occupancy']:.0%} busy in {both['steps_ratio']:.2f}× the decode steps.")
+
+
 def continuous_markdown(folder: Path | None = None) -> str:
     """The measured bullets of the README's continuous-batching paragraph, from whichever benchmark JSON exists."""
     folder = Path(folder or bench_results_dir())
     lines: list[str] = []
     for name, render in (("continuous.json", _continuous), ("streaming.json", lambda r: [_streaming(r)]),
-                         ("seats.json", lambda r: [_seats(r)])):
+                         ("seats.json", lambda r: [_seats(r)]), ("seat_replay.json", lambda r: [_seat_replay(r)])):
         f = folder / name
         if f.exists():
             lines += render(json.loads(f.read_text()))
