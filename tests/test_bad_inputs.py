@@ -170,6 +170,8 @@ CASES = [
     ("humaneval: no tasks", lambda: he.generate_all("s", "k", lambda: fl.fuse(lm(), []), []), r"tasks must be"),
     ("humaneval: bad max_new_tokens", lambda: he.generate_all("s", "k", lambda: fl.fuse(lm(), []), he.subset(1),
                                                             max_new_tokens=0), r"max_new_tokens must be >= 1"),
+    ("humaneval: no shared settings", lambda: he.generate_shared({}, lambda: fl.fuse(lm(), []), he.subset(1)),
+     r"settings must map a setting's name to \(cache key, slaves it reads\)"),
     ("humaneval: check needs a frame", lambda: he.check([{"task_id": "x"}]), r"check\(\) needs the DataFrame"),
     ("humaneval: zero timeout", lambda: he.check(__import__("pandas").DataFrame(columns=["task_id", "completion"]),
                                                  timeout=0), r"timeout must be > 0"),

@@ -84,3 +84,26 @@ def flag(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise FusionLabError(f"{name} must be True or False, got {_show(value)}.")
     return value
+
+
+def slave_subset(names: list[str], slaves: Any, live: bool) -> frozenset[int] | None:
+    """`slaves=` as the indices of the slaves a prompt reads: None (all), or a list of the FusedModel's slaves by
+    index or model name ([] = the master alone). Checked, so a typo never silently reads nothing."""
+    if slaves is None:
+        return None
+    if not isinstance(slaves, (list, tuple, set, frozenset)):
+        raise FusionLabError(f"slaves= must be None (all) or a list of the fused model's slaves (indices or names), "
+                             f"got {type(slaves).__name__}.")
+    out = set()
+    for x in slaves:
+        if isinstance(x, str) and names.count(x) == 1:
+            out.add(names.index(x))
+        elif isinstance(x, int) and not isinstance(x, bool) and 0 <= x < len(names):
+            out.add(x)
+        else:
+            raise FusionLabError(f"slaves= has {x!r}, not one of the fused model's slaves: use an index "
+                                 f"0..{len(names) - 1} or a name from {names}.")
+    if live and len(out) < len(names):
+        raise FusionLabError("slaves= with timing='live' must list every slave (live slaves read every row's "
+                             "generated tokens); use timing='prefix' to let rows read different slaves.")
+    return frozenset(out)

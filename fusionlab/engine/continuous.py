@@ -91,13 +91,14 @@ def _prompts(prompts: Any) -> list[Any]:
     return list(prompts)
 
 
-def _contexts(context: Any, n: int) -> list[Any]:
-    if context is None or isinstance(context, str):
-        return [context] * n
-    if not isinstance(context, (list, tuple)) or len(context) != n:
-        raise FusionLabError(f"context= must be one string for every prompt or a list of {n} (one per prompt); got "
-                             f"{type(context).__name__}{f' of {len(context)}' if isinstance(context, (list, tuple)) else ''}.")
-    return list(context)
+def _per_prompt(name: str, value: Any, n: int, one: str) -> list[Any]:
+    """None for every prompt, or a list of n (one per prompt); `one` says what else may stand for every prompt."""
+    if value is None:
+        return [None] * n
+    if not isinstance(value, (list, tuple)) or len(value) != n:
+        raise FusionLabError(f"{name}= must be {one} for every prompt or a list of {n} (one per prompt); got "
+                             f"{type(value).__name__}{f' of {len(value)}' if isinstance(value, (list, tuple)) else ''}.")
+    return list(value)
 
 
 class ContinuousBatcher:
@@ -123,7 +124,8 @@ class ContinuousBatcher:
             return str(e)
         return None
 
-    def _prefill_one(self, prompt: Any, max_new_tokens: int, chat: bool, context: Any) -> tuple[Any, torch.Tensor]:
+    def _prefill_one(self, prompt: Any, max_new_tokens: int, chat: bool, context: Any, slaves: Any
+                     ) -> tuple[Any, torch.Tensor]:
         """One prompt's sequence state and last logits (1, V). Prompts join a running batch one by one, never as a
         padded group: HumanEval's prompts run 38-391 tokens, and a group of 8 padded to its longest did 1.7x the
         prefill work of its real tokens (6,024 vs 3,453 for the benchmark's first 24; transformers' `generate_batch`
@@ -131,9 +133,10 @@ class ContinuousBatcher:
         ctx = None if context is None else [context]
         if isinstance(prompt, torch.Tensor):
             ids = prompt.to(self.fused.master.device).view(1, -1)
-            seq, _, first = self.fused.prefill(ids, max_new_tokens, chat, ctx, attention_mask=torch.ones_like(ids))
+            seq, _, first = self.fused.prefill(ids, max_new_tokens, chat, ctx, attention_mask=torch.ones_like(ids),
+                                               slaves=slaves)
         else:
-            seq, _, first = self.fused.prefill([prompt], max_new_tokens, chat, ctx)
+            seq, _, first = self.fused.prefill([prompt], max_new_tokens, chat, ctx, slaves=slaves)
         return seq, first
 
     def _output(self, prompt: Any, new: list[int], stop: list[str] | None) -> Any:
@@ -146,13 +149,15 @@ class ContinuousBatcher:
                  temperature: float = 1.0, top_p: float = 1.0, seed: int | list[int] | None = None,
                  eos_token_id: int | list[int] | None = None, chat: bool = False, stop: list[str] | None = None,
                  context: str | list[Any] | None = None,
-                 on_row: Callable[[int, Any, RowCost], None] | None = None) -> list[Any]:
+                 on_row: Callable[[int, Any, RowCost], None] | None = None,
+                 slaves: list[list[int | str] | None] | None = None) -> list[Any]:
         """The new text of every prompt, in order; arguments as `FusedModel.generate`. Prompts given as 1-D token
         ids give (1, T + new) ids each, as `FusedModel.generate` does. A prompt too long for the models' positions
         fails alone: the others finish, and one FusionLabError names it, with every finished output in its
         `.results` (None for the failed ones). `on_row(i, output, cost)` is called the moment prompt i's row ends, in
         the order rows end, so a grid can save each result then instead of after the whole list; `cost` is the
-        RowCost since the previous row ended."""
+        RowCost since the previous row ended. `slaves[i]`: the slaves prompt i reads (None: all; [] the master
+        alone), so the settings of a grid that share slaves share the seats too (`FusedModel.prefill(slaves=)`)."""
         f = self.fused
         f._check_open()
         prompts = _prompts(prompts)
@@ -160,7 +165,12 @@ class ContinuousBatcher:
         checks.flag("do_sample", do_sample)
         checks.flag("chat", chat)
         stop = None if stop is None else checks.strings("stop", stop)
-        contexts = _contexts(context, len(prompts))
+        contexts = [context] * len(prompts) if isinstance(context, str) else \
+            _per_prompt("context", context, len(prompts), "one string")
+        reads = _per_prompt("slaves", slaves, len(prompts), "None (all)")
+        names = [s.lm.name for s in f.slaves]
+        for r in reads:
+            checks.slave_subset(names, r, f.timing == "live")  # every prompt's, before any row runs
         cfgs = sampling_configs(len(prompts), do_sample, temperature, top_p, seed)
         eos = eos_ids(f.master, eos_token_id)
         failed = {i: why for i, p in enumerate(prompts)
@@ -181,7 +191,7 @@ class ContinuousBatcher:
                 group = [waiting.popleft() for _ in range(min(free, len(waiting)))]
                 for i in group:  # each alone: a group prefilled together is padded to its longest prompt
                     running = stash(f._runtimes) if seq is not None else None
-                    joined, first = self._prefill_one(prompts[i], max_new_tokens, chat, contexts[i])
+                    joined, first = self._prefill_one(prompts[i], max_new_tokens, chat, contexts[i], reads[i])
                     self.slot_bytes[i] = f.row_slot_bytes[0]
                     seq = joined if seq is None else join(f._runtimes, seq, running, joined)
                     logits = first if logits is None else torch.cat([logits, first])

@@ -130,14 +130,17 @@ class FusedModel:
                 self._runtimes[i].override, self._runtimes[i].active = None, False
 
     def _start(self, prompt: Any, new_tokens: int, chat: bool, context: Any, prompt_len: int | None,
-               attention_mask: Any) -> tuple[list[Row], bool, SequenceState, torch.Tensor]:
+               attention_mask: Any, slaves: Any = None) -> tuple[list[Row], bool, SequenceState, torch.Tensor]:
         """Rows, whether it is a batch, the placed slots, and the left-padded ids (B, W)."""
         self._check_open()
         checks.integer("max_new_tokens", new_tokens, 0)
         checks.flag("chat", chat)
         if prompt_len is not None:
             checks.integer("prompt_len", prompt_len, 1)
+        reads = checks.slave_subset([s.lm.name for s in self.slaves], slaves, self.timing == "live")
         rows, batched = rows_of(self, prompt, chat, context, prompt_len, attention_mask)
+        for row in rows:
+            row.slaves = reads
         check_lengths(self, rows, new_tokens)
         width = max(r.ids.shape[1] for r in rows)
         live_extra = width - rows[0].prompt_len if self.timing == "live" and not batched else 0
@@ -177,11 +180,11 @@ class FusedModel:
 
     @torch.inference_mode()
     def prefill(self, prompt: str | list[str] | torch.Tensor, max_new_tokens: int = 0, chat: bool = False,
-                context: str | list[Any] | None = None, attention_mask: torch.Tensor | None = None
-                ) -> tuple[SequenceState, torch.Tensor, torch.Tensor]:
+                context: str | list[Any] | None = None, attention_mask: torch.Tensor | None = None,
+                slaves: list[int | str] | None = None) -> tuple[SequenceState, torch.Tensor, torch.Tensor]:
         """Slaves read the prompt (or the context), slots are placed, the master reads the prompt:
-        (sequence, left-padded prompt ids (B, W), last logits (B, V))."""
-        rows, _, seq, ids = self._start(prompt, max_new_tokens, chat, context, None, attention_mask)
+        (sequence, left-padded prompt ids (B, W), last logits (B, V)). `slaves`: only these read it (indices or names; [] = none)."""
+        rows, _, seq, ids = self._start(prompt, max_new_tokens, chat, context, None, attention_mask, slaves)
         return seq, ids, self._prefill(rows, seq, ids, keep=1)[:, -1]
 
     @torch.inference_mode()
@@ -204,17 +207,19 @@ class FusedModel:
                  temperature: float = 1.0, top_p: float = 1.0, seed: int | list[int] | None = None,
                  eos_token_id: int | list[int] | None = None, chat: bool = False,
                  stop: list[str] | None = None, context: str | list[Any] | None = None,
-                 attention_mask: torch.Tensor | None = None) -> str | list[str] | torch.Tensor | list[torch.Tensor]:
+                 attention_mask: torch.Tensor | None = None, slaves: list[int | str] | None = None
+                 ) -> str | list[str] | torch.Tensor | list[torch.Tensor]:
         """Like HF generate (greedy or sampling). A string in -> the new text out; ids in -> all ids out; a batch
         (a list of strings, or ids with several rows / a mask) -> a list, one per row, in order.
         `stop`: strings that end generation; the returned text is cut before the first one. Each row stops on its
         own (EOS, stop string, max_new_tokens) and leaves the batch, so finished rows cost nothing more.
         `seed`: an int seeds row i with seed + i; a list gives each row its own seed (then a prompt's samples do not
-        depend on what else is in the batch). `context`: a text only the slaves read (context offload)."""
+        depend on what else is in the batch). `context`: a text only the slaves read (context offload). `slaves`:
+        only these slaves read it (indices or names; [] = the master alone through this model's machinery)."""
         checks.flag("do_sample", do_sample)
         if stop is not None:
             stop = checks.strings("stop", stop)
-        rows, batched, seq, ids = self._start(prompt, max_new_tokens, chat, context, None, attention_mask)
+        rows, batched, seq, ids = self._start(prompt, max_new_tokens, chat, context, None, attention_mask, slaves)
         cfgs = sampling_configs(len(rows), do_sample, temperature, top_p, seed)
         eos = eos_ids(self.master, eos_token_id)
         logits = self._prefill(rows, seq, ids, keep=1)[:, -1]

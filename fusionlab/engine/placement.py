@@ -34,6 +34,12 @@ class Row:
     text: str | None
     prompt_len: int
     context: ContextLayout | None = None
+    slaves: frozenset[int] | None = None
+    """The slaves (indices into the FusedModel's) this row reads; None: all. A slave left out places no slots for
+    the row, so rows of several settings that share slaves (master alone, + one, + both) can share a batch."""
+
+    def reads(self, slave: int) -> bool:
+        return self.slaves is None or slave in self.slaves
 
     @property
     def base(self) -> int:
@@ -107,6 +113,9 @@ def _slots_of(master: LM, slaves: list[ResolvedSlave], rows: list[Row], timing: 
     caches: list[list[Any]] = [[] for _ in slaves]
     for r, row in enumerate(rows):
         for si, s in enumerate(slaves):
+            if not row.reads(si):
+                caches[si].append(None)
+                continue
             if row.context is not None:
                 span = row.context.spans[si]
                 s_ids, al = s.slave_inputs(master, span.master_ids, span.text, span.start == 0)
@@ -127,33 +136,35 @@ def _slots_of(master: LM, slaves: list[ResolvedSlave], rows: list[Row], timing: 
     return per_layer, caches
 
 
-def _fill_layer(rt: LayerRuntime, items: list[SlaveSlots], n_rows: int, entries: int, extra: int, max_pos: int,
-                master: LM, timing: str) -> None:
-    """Allocate this layer's buffers and write every (row, slave)'s slots into them."""
+def _fill_layer(rt: LayerRuntime, slaves: list[ResolvedSlave], items: list[SlaveSlots], n_rows: int, entries: int,
+                extra: int, max_pos: int, master: LM, timing: str) -> None:
+    """Allocate this layer's buffers and write every (row, slave)'s slots into them. Every slave mapped here gets
+    its buffer, even if no row read it: a batch's layout is the FusedModel's, whatever its rows read (`join`)."""
     rt.injections, rt.joint = [], None
-    by_slave: dict[int, list[SlaveSlots]] = {}
+    mapped = [si for si, s in enumerate(slaves) if rt.layer in s.layer_map.pairs and s.gates[rt.layer] > 0]
+    by_slave: dict[int, list[SlaveSlots]] = {si: [] for si in mapped}
     for x in items:
-        by_slave.setdefault(x.slave_index, []).append(x)
-    room = {si: max(x.pos.numel() for x in xs) + (extra if timing == "live" else 0) for si, xs in by_slave.items()}
-    concat = [si for si, xs in by_slave.items() if xs[0].mode == "concat"]
+        by_slave[x.slave_index].append(x)
+    room = {si: max((x.pos.numel() for x in xs), default=0) + (extra if timing == "live" else 0)
+            for si, xs in by_slave.items()}
+    concat = [si for si in mapped if slaves[si].slave.mode == "concat"]
+    h, d = master.spec.kv_heads, master.spec.head_dim
     if concat:
-        like = items[0].k
-        rt.joint = JointBuffer.allocate(n_rows, like.shape[1], like.shape[3], sum(room[si] for si in concat),
-                                        entries + extra, master.dtype, master.device)
+        rt.joint = JointBuffer.allocate(n_rows, h, d, sum(room[si] for si in concat), entries + extra, master.dtype,
+                                        master.device)
     offset = 0
     for si, xs in by_slave.items():
-        first, size = xs[0], room[si]
-        region = None
-        if first.mode == "concat":
-            kb, vb, pb = rt.joint.region(offset, size, si, first.gate, first.slave.slave.window_slots)
+        s, size = slaves[si], room[si]
+        mode, gate, region = s.slave.mode, s.gates[rt.layer], None
+        if mode == "concat":
+            kb, vb, pb = rt.joint.region(offset, size, si, gate, s.slave.window_slots)
             region, offset = (offset, size), offset + size
         else:
-            kb = torch.zeros(n_rows, first.k.shape[1], size, first.k.shape[3], dtype=first.k.dtype,
-                             device=first.k.device)
+            kb = torch.zeros(n_rows, h, size, d, dtype=master.dtype, device=master.device)
             vb, pb = torch.zeros_like(kb), torch.full((n_rows, size), FAR, dtype=torch.long, device=kb.device)
         lookup = torch.full((n_rows, max_pos), NO_SLOT, dtype=torch.long, device=kb.device)
-        inj = Injection(si, first.mode, first.gate, kb, vb, pb, lookup,
-                        torch.zeros(n_rows, dtype=torch.long, device=kb.device), region)
+        inj = Injection(si, mode, gate, kb, vb, pb, lookup, torch.zeros(n_rows, dtype=torch.long, device=kb.device),
+                        region)
         for x in xs:
             inj.write(x.row, x.k, x.v, x.pos)
         rt.injections.append(inj)
@@ -168,7 +179,7 @@ def place_slots(runtimes: dict[int, LayerRuntime], master: LM, slaves: list[Reso
     per_layer, caches = _slots_of(master, slaves, rows, timing)
     max_pos = max(r.base for r in rows) + width + capacity + 1
     for i, rt in runtimes.items():
-        _fill_layer(rt, per_layer.get(i, []), len(rows), width, capacity, max_pos, master, timing)
+        _fill_layer(rt, slaves, per_layer.get(i, []), len(rows), width, capacity, max_pos, master, timing)
     next_pos = torch.tensor([r.base for r in rows], dtype=torch.long, device=master.device)
     table = torch.full((len(rows), width + capacity), FAR, dtype=torch.long, device=master.device)
     return SequenceState(joint_cache(master.model.config, runtimes), caches, next_pos, 0, table, runtimes)

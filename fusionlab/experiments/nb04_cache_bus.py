@@ -20,18 +20,37 @@ def slaves_for(parts: dict[str, tuple[LM, LstsqProjector]], mode: str = "concat"
             for lm, p in parts.values()]
 
 
-def settings(master: LM, parts: dict[str, tuple[LM, LstsqProjector]], mode: str = "concat",
-             gate: float = 1.0) -> dict[str, tuple[str, Callable[[], FusedModel]]]:
-    """name -> (cache key, builder): master alone, master + each slave, master + all slaves."""
+def setting_reads(master: LM, parts: dict[str, tuple[LM, LstsqProjector]], mode: str = "concat",
+                  gate: float = 1.0) -> dict[str, tuple[str, list[int] | None]]:
+    """name -> (cache key, which of the bus's slaves the setting reads): master alone [], master + each slave [i],
+    master + all slaves None. Every setting is the bus reading some of its slaves (`slaves_for` maps each slave the
+    same way alone or with the others), so the settings can share one model and its seats (`shared_run`)."""
     fp = master.fingerprint[:12]
-    out: dict[str, tuple[str, Callable[[], FusedModel]]] = {"master alone": (f"{fp}|alone", lambda: fuse(master, []))}
-    for label, part in parts.items():
-        key = f"{fp}|{part[0].fingerprint[:12]}|{mode}|{gate}"
-        out[f"+{label}"] = (key, lambda part=part, label=label: fuse(master, slaves_for({label: part}, mode, gate)))
+    out: dict[str, tuple[str, list[int] | None]] = {"master alone": (f"{fp}|alone", [])}
+    for i, (label, (lm, _)) in enumerate(parts.items()):
+        out[f"+{label}"] = (f"{fp}|{lm.fingerprint[:12]}|{mode}|{gate}", [i])
     if len(parts) > 1:
         key = f"{fp}|" + "|".join(p[0].fingerprint[:12] for p in parts.values()) + f"|{mode}|{gate}"
-        out["+" + " +".join(parts)] = (key, lambda: fuse(master, slaves_for(parts, mode, gate)))
+        out["+" + " +".join(parts)] = (key, None)
     return out
+
+
+def settings(master: LM, parts: dict[str, tuple[LM, LstsqProjector]], mode: str = "concat",
+             gate: float = 1.0) -> dict[str, tuple[str, Callable[[], FusedModel]]]:
+    """name -> (cache key, builder): master alone, master + each slave, master + all slaves, each its own model."""
+    labels = list(parts)
+
+    def build(reads: list[int] | None) -> Callable[[], FusedModel]:
+        chosen = parts if reads is None else {labels[i]: parts[labels[i]] for i in reads}
+        return lambda: fuse(master, slaves_for(chosen, mode, gate))
+
+    return {name: (key, build(reads)) for name, (key, reads) in setting_reads(master, parts, mode, gate).items()}
+
+
+def shared_run(master: LM, parts: dict[str, tuple[LM, LstsqProjector]], mode: str = "concat", gate: float = 1.0
+               ) -> tuple[dict[str, tuple[str, list[int] | None]], Callable[[], FusedModel]]:
+    """The settings as reads of one bus, and that bus's builder: a grid's settings then share one scheduler run."""
+    return setting_reads(master, parts, mode, gate), lambda: fuse(master, slaves_for(parts, mode, gate))
 
 
 def r2_frame(projectors: dict[str, LstsqProjector]) -> pd.DataFrame:

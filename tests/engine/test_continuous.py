@@ -189,3 +189,55 @@ def test_bad_continuous_inputs(tiny):
         assert e.value.results[1] is None
         assert e.value.results[0] == f.generate("short", max_new_tokens=40)
         assert e.value.results[2] == f.generate("fine", max_new_tokens=40)
+
+
+SUBSETS = [None, [0], [1], []]
+"""What each prompt reads in the shared-settings tests: both slaves, each alone, none (the master alone)."""
+
+
+@pytest.mark.parametrize("name", TINY_NAMES)
+@pytest.mark.parametrize("mode", ["concat", "replace", "blend"])
+def test_rows_of_different_settings_share_seats_and_each_equals_its_own_setting(tiny, name, mode):
+    """One FusedModel with two slaves runs prompts that read both, one or none of them (a grid's settings sharing
+    seats): each row's logits equal its prompt through a FusedModel with just those slaves, and the continuous run
+    gives every prompt its own setting's greedy text, rows of all four settings joining one another mid-run."""
+    m = tiny(name)
+    slaves = [fl.Slave(rope_variant(name, theta_factor=2.0), mode=mode, gate=0.7),
+              fl.Slave(rope_variant(name, theta_factor=0.5), mode=mode, gate=0.4)]
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(8)]
+    reads = [SUBSETS[i % 4] for i in range(8)]
+    ref_logits, ref_texts = {}, {}
+    for k, sub in enumerate(SUBSETS):
+        with fl.fuse(m, slaves if sub is None else [slaves[i] for i in sub]) as own:
+            ref_logits[k] = own.prefill(PROMPTS[1], 8)[2]
+            ref_texts.update({i: own.generate(p, max_new_tokens=8) for i, p in enumerate(prompts) if i % 4 == k})
+    with fl.fuse(m, slaves) as f:
+        for k, sub in enumerate(SUBSETS):
+            assert (f.prefill(PROMPTS[1], 8, slaves=sub)[2] - ref_logits[k]).abs().max() <= 1e-4, sub
+        cb = ContinuousBatcher(f, batch_size=3)
+        out = cb.generate(prompts, max_new_tokens=8, slaves=reads)
+        assert out == [ref_texts[i] for i in range(8)]
+        assert cb.last_stats.joins >= 2
+        alone = [i for i, r in enumerate(reads) if r == []]
+        assert all(cb.slot_bytes[i] == {s.lm.name: 0 for s in f.slaves} for i in alone)
+        assert all(cb.slot_bytes[i][f.slaves[1].lm.name] == 0 < cb.slot_bytes[i][f.slaves[0].lm.name]
+                   for i, r in enumerate(reads) if r == [0])
+
+
+def test_bad_slave_subsets(tiny):
+    m = tiny("tiny-qwen2")
+    s = tiny("tiny-qwen2", fresh=True)
+    with fl.fuse(m, [fl.Slave(s)]) as f:
+        for bad, msg in ((["nope"], r"slaves= has 'nope'"), ([3], "use an index 0..0"), ([True], "True"),
+                         ("tiny-qwen2", "must be None \\(all\\) or a list")):
+            with pytest.raises(FusionLabError, match=msg):
+                f.generate("a", max_new_tokens=2, slaves=bad)
+        cb = ContinuousBatcher(f, 2)
+        with pytest.raises(FusionLabError, match="slaves= must be None \\(all\\) for every prompt or a list of 2"):
+            cb.generate(["a", "b"], slaves=[[0]])
+        with pytest.raises(FusionLabError, match=r"slaves= has 5"):
+            cb.generate(["a", "b"], slaves=[[0], [5]])
+    with fl.fuse(m, [fl.Slave(s)], timing="live") as f:
+        with pytest.raises(FusionLabError, match="timing='live' must list every slave"):
+            f.generate("a", max_new_tokens=2, slaves=[])
+        assert f.generate("a", max_new_tokens=2, slaves=[0]) == f.generate("a", max_new_tokens=2)

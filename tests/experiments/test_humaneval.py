@@ -79,6 +79,35 @@ def test_batched_completions_equal_batch_one(tiny, tmp_path):
     assert 0 < he.batch_occupancy(many)["occupancy"].iloc[0] <= 1 and (many["seat_steps"] >= 0).all()
 
 
+def test_settings_sharing_seats_give_each_setting_its_own_completions(tiny, tmp_path):
+    """The cache bus's four settings in one shared scheduler run (rows of every setting side by side on 4 seats)
+    give the completions each setting gives run apart on its own model, under the same cache keys, so a shared run
+    resumes a grid the separate runs began; the rows say the run was shared."""
+    from fusionlab.experiments import nb04_cache_bus as bus
+    from fusionlab.models.variants import rope_variant
+
+    m = tiny("tiny-qwen2")
+    parts = {}
+    for label, factor in (("a", 2.0), ("b", 0.5)):
+        s = rope_variant("tiny-qwen2", theta_factor=factor)
+        parts[label] = (s, fl.fit_lstsq(m, s))
+    tasks = [t for t in he.problems() if len(t["prompt"]) < 300][:3]
+    apart = pd.concat([he.generate_all(n, k, b, tasks, max_new_tokens=10, cache=tmp_path / "apart.jsonl",
+                                       batch_size=4) for n, (k, b) in bus.settings(m, parts).items()])
+    reads, build = bus.shared_run(m, parts)
+    assert list(reads) == ["master alone", "+a", "+b", "+a +b"] and [r for _, r in reads.values()] == \
+        [[], [0], [1], None]
+    shared = he.generate_shared(reads, build, tasks, max_new_tokens=10, cache=tmp_path / "shared.jsonl", batch_size=4)
+    key = ["setting", "task_id"]
+    assert shared[key + ["completion"]].equals(apart[key + ["completion"]].reset_index(drop=True))
+    assert set(shared["shared_by"]) == {4} and he.run_label(shared).endswith(", 4 settings sharing the seats")
+    assert he.run_label(apart) == "continuous batching, 3 seats, streamed"  # 3 tasks a setting: 3 seats
+    assert (shared.loc[shared["setting"] == "master alone", "extra_kv_bytes"] == 0).all()
+    assert (shared.loc[shared["setting"] != "master alone", "extra_kv_bytes"] > 0).all()
+    again = he.generate_shared(reads, build, tasks, max_new_tokens=10, cache=tmp_path / "apart.jsonl")
+    assert again["completion"].tolist() == apart["completion"].tolist()  # the separate runs' cache serves it
+
+
 def test_rerun_changes_lists_each_changed_problem():
     before = pd.DataFrame({"setting": ["a", "a", "a", "b"], "task_id": ["H/0", "H/1", "H/2", "H/0"],
                            "completion": ["x", "y", "z", "w"], "passed": [True, False, True, False]})

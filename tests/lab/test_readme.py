@@ -85,6 +85,25 @@ def test_humaneval_table_from_saved_results(tmp_path):
     assert readme.fusers_markdown(tmp_path / "none").startswith("_Not measured yet")
 
 
+def test_a_humaneval_run_whose_settings_shared_the_seats_reports_the_run_not_each_setting(tmp_path):
+    """Rows of a shared run carry shares of one run's time: the block gives the run's wall time and occupancy (sums
+    over every row) and no per-setting speed, which such a run does not measure."""
+    rows = [(s, t, True) for s in ("master alone", "+s") for t in "ab"]
+    df = pd.DataFrame(rows, columns=["setting", "task_id", "passed"]).assign(
+        kind="passed", seconds=[60.0, 30.0, 90.0, 60.0], new_tokens=10, extra_kv_bytes=0, batch=4,
+        scheduler="continuous", seat_steps=[40, 0, 40, 20], busy_seat_steps=[40, 0, 30, 10], shared_by=2)
+    df.to_csv(tmp_path / "04_humaneval.full.csv", index=False)
+    md = readme.humaneval_markdown(tmp_path)
+    assert "| master alone | 2/2 = 100.0% " in md and "| 0 of 2 | - | - | 0.00 |" in md
+    assert ("Generation took 4 min of wall time for all settings, continuous batching with 4 seats shared by 2 "
+            "settings") in md
+    assert "80% of seat-steps decoded a row." in md and "per setting" not in md  # (40 + 30 + 10) / 100
+    assert "A setting's own speed is not measured in a shared run" in md
+    df.drop(columns="shared_by").to_csv(tmp_path / "04_humaneval.full.csv", index=False)
+    md = readme.humaneval_markdown(tmp_path)  # saved before runs were shared: per setting, as before
+    assert "(per setting 67%-100%)" in md and "| 0 of 2 | 45.0 |" in md
+
+
 def test_readme_tables_are_generated_from_the_saved_results():
     """Every generated README block equals what `fusionlab ledger` writes from the committed results
     (regenerate with `fusionlab ledger` after a lab run)."""
