@@ -43,7 +43,8 @@ def main() -> None:
     a = ap.parse_args()
     runs = pd.read_csv(results_dir() / "04_humaneval.full.csv")
     prompt_chars = {t["task_id"]: len(t["prompt"]) for t in he.problems()}
-    out: dict = {"date": datetime.date.today().isoformat(), "source": "data/results/04_humaneval.full.csv", "seats": a.seats, "settings": {}}
+    out: dict = {"date": datetime.date.today().isoformat(), "source": "data/results/04_humaneval.full.csv",
+                 "seats": a.seats, "settings": {}}
     shared, own_steps = [], 0
     for setting, rows in runs.groupby("setting", sort=False):
         rows = rows.assign(chars=rows.task_id.map(prompt_chars))

@@ -96,8 +96,8 @@ def _per_prompt(name: str, value: Any, n: int, one: str) -> list[Any]:
     if value is None:
         return [None] * n
     if not isinstance(value, (list, tuple)) or len(value) != n:
-        raise FusionLabError(f"{name}= must be {one} for every prompt or a list of {n} (one per prompt); got "
-                             f"{type(value).__name__}{f' of {len(value)}' if isinstance(value, (list, tuple)) else ''}.")
+        got = f"{type(value).__name__}{f' of {len(value)}' if isinstance(value, (list, tuple)) else ''}"
+        raise FusionLabError(f"{name}= must be {one} for every prompt or a list of {n} (one per prompt); got {got}.")
     return list(value)
 
 

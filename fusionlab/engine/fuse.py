@@ -183,7 +183,8 @@ class FusedModel:
                 context: str | list[Any] | None = None, attention_mask: torch.Tensor | None = None,
                 slaves: list[int | str] | None = None) -> tuple[SequenceState, torch.Tensor, torch.Tensor]:
         """Slaves read the prompt (or the context), slots are placed, the master reads the prompt:
-        (sequence, left-padded prompt ids (B, W), last logits (B, V)). `slaves`: only these read it (indices or names; [] = none)."""
+        (sequence, left-padded prompt ids (B, W), last logits (B, V)). `slaves`: only these read it (indices or
+        names; [] = none)."""
         rows, _, seq, ids = self._start(prompt, max_new_tokens, chat, context, None, attention_mask, slaves)
         return seq, ids, self._prefill(rows, seq, ids, keep=1)[:, -1]
 
