@@ -13,7 +13,7 @@ import random
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..errors import FusionLabError
+from ..engine import checks
 
 
 @dataclass(frozen=True)
@@ -33,13 +33,8 @@ class SeatReplay:
 def replay(new_tokens: Sequence[int], seats: int) -> SeatReplay:
     """The decode steps and busy seat-steps of one scheduler run admitting rows in this order; `new_tokens[i]`: the
     tokens row i generates (a row of n tokens decodes for n - 1 steps: its first token comes from its prefill)."""
-    if isinstance(seats, bool) or not isinstance(seats, int) or seats < 1:
-        raise FusionLabError(f"seats must be an int >= 1, got {seats!r}; a scheduler needs at least one seat.")
-    left = []
-    for i, n in enumerate(new_tokens):
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise FusionLabError(f"new_tokens[{i}] must be an int >= 0 (tokens row {i} generated), got {n!r}.")
-        left.append(n)
+    checks.integer("seats", seats, 1)
+    left = [checks.integer(f"new_tokens[{i}]", n, 0) for i, n in enumerate(new_tokens)]
     waiting, active, steps, busy = 0, [], 0, 0
     while waiting < len(left) or active:
         while len(active) < seats and waiting < len(left):
@@ -53,8 +48,7 @@ def replay(new_tokens: Sequence[int], seats: int) -> SeatReplay:
 
 def random_orders(new_tokens: Sequence[int], seats: int, orders: int = 200, seed: int = 0) -> list[SeatReplay]:
     """`replay` over `orders` seeded shuffles of the rows: what an order that knows nothing about lengths gives."""
-    if isinstance(orders, bool) or not isinstance(orders, int) or orders < 1:
-        raise FusionLabError(f"orders must be an int >= 1, got {orders!r}.")
+    checks.integer("orders", orders, 1)
     rng, rows = random.Random(seed), list(new_tokens)
     return [replay(rng.sample(rows, len(rows)), seats) for _ in range(orders)]
 
